@@ -1,0 +1,38 @@
+# Two entry points for a fresh machine: `make demo` and `make test`.
+# Both create the virtual environment on first use; nothing else is needed
+# beyond Python 3.11 (and Java 17, once the Spark jobs land).
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-all lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+$(VENV)/.bench: $(STAMP)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,bench]'
+	touch $(VENV)/.bench
+
+demo: $(STAMP)
+	$(PY) examples/wordcount.py
+
+lint: $(STAMP)
+	$(PY) -m ruff check src tests examples benchmarks
+	$(PY) -m mypy
+
+test: lint
+	$(PY) -m pytest -q -m "not slow"
+
+test-all: lint
+	$(PY) -m pytest -q
+
+bench: $(VENV)/.bench
+	$(PY) benchmarks/throughput.py
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,135 @@
+"""The sink protocol, and the in-memory and print sinks.
+
+Exactly-once output is a two-phase commit driven by checkpoints (DESIGN.md
+§4): a writer appends records to a pending transaction; on a barrier it
+*prepares* it and returns a JSON-serialisable *committable*; when the
+checkpoint completes the sink *commits* the committables, idempotently, since
+recovery commits again what a restored checkpoint recorded. The end of a
+bounded input acts as a final checkpoint.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from abc import ABC, abstractmethod
+from typing import Any, TextIO
+
+__all__ = ["ListSink", "PrintSink", "Sink", "SinkWriter"]
+
+
+class SinkWriter(ABC):
+    """Writes the records of one sink subtask."""
+
+    @abstractmethod
+    def write(self, records: list[Any]) -> None:
+        """Add records to the pending transaction."""
+
+    def prepare_commit(self, checkpoint_id: int) -> Any:
+        """Close the pending transaction as part of checkpoint ``checkpoint_id``.
+
+        Returns a committable (JSON-serialisable) or ``None`` when there is
+        nothing to commit.
+        """
+        return None
+
+    def abort(self) -> None:  # noqa: B027 - optional hook
+        """Discard the pending transaction (the job is failing or cancelled)."""
+
+
+class Sink(ABC):
+    """What ``sink_to`` takes."""
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    @abstractmethod
+    def create_writer(self, subtask: int, parallelism: int) -> SinkWriter: ...
+
+    def commit(self, committables: list[Any]) -> None:  # noqa: B027 - optional hook
+        """Make prepared transactions visible; called again after recovery, so
+        committing an already committed transaction must be a no-op."""
+
+
+class ListSink(Sink):
+    """Collects committed records in memory; read ``.results`` after the run.
+
+    ``results`` holds committed records only, in commit order.
+    """
+
+    def __init__(self) -> None:
+        self.results: list[Any] = []
+        self._staged: dict[tuple[int, int], list[Any]] = {}
+        self._next_txn = 0
+        # Writers may run in other threads in future executors; cheap insurance.
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return "list-sink"
+
+    def create_writer(self, subtask: int, parallelism: int) -> SinkWriter:
+        return _ListWriter(self, subtask)
+
+    def _stage(self, subtask: int, records: list[Any]) -> list[int]:
+        with self._lock:
+            txn = self._next_txn
+            self._next_txn += 1
+            self._staged[(subtask, txn)] = records
+        return [subtask, txn]
+
+    def commit(self, committables: list[Any]) -> None:
+        with self._lock:
+            for subtask, txn in committables:
+                records = self._staged.pop((subtask, txn), None)
+                if records is not None:  # None: committed already
+                    self.results.extend(records)
+
+    def __repr__(self) -> str:
+        return f"ListSink({len(self.results)} committed)"
+
+
+class _ListWriter(SinkWriter):
+    def __init__(self, sink: ListSink, subtask: int) -> None:
+        self._sink = sink
+        self._subtask = subtask
+        self._pending: list[Any] = []
+
+    def write(self, records: list[Any]) -> None:
+        self._pending.extend(records)
+
+    def prepare_commit(self, checkpoint_id: int) -> Any:
+        if not self._pending:
+            return None
+        pending, self._pending = self._pending, []
+        return self._sink._stage(self._subtask, pending)
+
+    def abort(self) -> None:
+        self._pending = []
+
+
+class PrintSink(Sink):
+    """Prints each record as it arrives (not transactional, like Flink's)."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._stream = stream
+
+    @property
+    def name(self) -> str:
+        return "print"
+
+    def create_writer(self, subtask: int, parallelism: int) -> SinkWriter:
+        prefix = f"{subtask + 1}> " if parallelism > 1 else ""
+        return _PrintWriter(self._stream, prefix)
+
+
+class _PrintWriter(SinkWriter):
+    def __init__(self, stream: TextIO | None, prefix: str) -> None:
+        self._stream = stream
+        self._prefix = prefix
+
+    def write(self, records: list[Any]) -> None:
+        out = self._stream or sys.stdout
+        p = self._prefix
+        out.write("".join(f"{p}{r}\n" for r in records))

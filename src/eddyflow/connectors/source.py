@@ -1,0 +1,72 @@
+"""The source protocol.
+
+A :class:`Source` describes where records come from; each parallel source
+subtask gets its own :class:`SourceReader`, which reads batches from a
+*position*, reports the position of its next record (the source's state in a
+checkpoint: DESIGN.md §2 step 1) and seeks back to a restored one. Positions
+must be JSON-serialisable, because they are written into checkpoint metadata.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+__all__ = ["NotReplayableError", "Source", "SourceReader"]
+
+
+class NotReplayableError(RuntimeError):
+    """A source was asked to seek to a position it cannot go back to."""
+
+
+class SourceReader(ABC):
+    """Reads one split of a source; used by exactly one source subtask."""
+
+    @abstractmethod
+    async def read_batch(self, max_records: int) -> list[Any] | None:
+        """Up to ``max_records`` records, or ``None`` when the input is exhausted.
+
+        May return fewer records (even none) when no more are available right
+        now; the runtime flushes its output buffers after a short batch, so a
+        slow trickle of input still flows downstream promptly.
+        """
+
+    @abstractmethod
+    def position(self) -> Any:
+        """The position of the next record to be read (JSON-serialisable)."""
+
+    @abstractmethod
+    def seek(self, position: Any) -> None:
+        """Continue reading at ``position``, a value :meth:`position` returned."""
+
+    def position_of(self, index: int) -> Any:
+        """The position of record ``index`` of the last batch, for error messages.
+
+        ``None`` when the reader cannot tell.
+        """
+        return None
+
+    def describe_position(self, position: Any) -> str:
+        """How a position reads in an error message."""
+        return f"position {position!r}"
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release files, connections or background tasks."""
+
+
+class Source(ABC):
+    """A (replayable) source of records; ``env.from_source`` takes any subclass."""
+
+    #: The most subtasks this source can be split over; ``None`` for no limit.
+    max_parallelism: int | None = None
+    #: Whether :meth:`SourceReader.seek` can go back to any reported position.
+    replayable: bool = True
+
+    @property
+    def name(self) -> str:
+        """A default operator name for the source."""
+        return type(self).__name__
+
+    @abstractmethod
+    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
+        """The reader of split ``subtask`` out of ``parallelism``."""

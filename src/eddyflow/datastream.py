@@ -1,0 +1,270 @@
+"""The DataStream API (API.md): ``DataStream`` and ``KeyedStream``.
+
+A stream is a handle on the outputs of one or more operators together with
+how the next operator reads them (its partitioning); every transformation
+adds a node to the environment's logical graph and returns a new handle.
+``union`` merges handles and ``rebalance``/``broadcast``/``key_by`` change the
+partitioning, so none of them adds an operator of its own.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from eddyflow.connectors.sink import PrintSink, Sink
+from eddyflow.functions import KeyedProcessFunction
+from eddyflow.graph.logical import Node, Partitioning
+from eddyflow.runtime.operators import (
+    FilterSpec,
+    FlatMapSpec,
+    KeyedCountSpec,
+    KeyedProcessSpec,
+    KeyedReduceSpec,
+    KeyedSumSpec,
+    MapSpec,
+    MapWithStateSpec,
+    SinkSpec,
+)
+
+if TYPE_CHECKING:
+    from eddyflow.environment import StreamEnvironment
+
+__all__ = ["DataStream", "KeyedStream"]
+
+_Input = tuple[int, Partitioning, Callable[[Any], Any] | None]
+
+
+def _second(record: Any) -> Any:
+    return record[1]
+
+
+def _check_callable(fn: Any, what: str, where: str) -> None:
+    if not callable(fn):
+        raise TypeError(f"{where}: {what} must be callable, got {fn!r:.100}")
+
+
+class DataStream:
+    def __init__(
+        self, env: StreamEnvironment, inputs: tuple[_Input, ...], node: Node | None = None
+    ) -> None:
+        self._env = env
+        self._inputs = inputs
+        self._node = node
+
+    # -- adding operators --------------------------------------------------
+
+    def _next_uid(self, kind: str) -> str:
+        return f"{kind}-{len(self._env._graph.nodes)}"
+
+    def _add(self, kind: str, payload: Any, *, keyed: bool = False, is_sink: bool = False,
+             parallelism: int | None = None) -> Node:
+        graph = self._env._graph
+        node = graph.add_node(kind, payload, keyed=keyed, is_sink=is_sink,
+                              parallelism=parallelism)
+        for source, part, key_fn in self._inputs:
+            graph.add_edge(source, node.id, part, key_fn)
+        return node
+
+    def _then(self, kind: str, make: Callable[[str], Any], **attrs: Any) -> DataStream:
+        node = self._add(kind, make(self._next_uid(kind)), **attrs)
+        return DataStream(self._env, ((node.id, Partitioning.DEFAULT, None),), node)
+
+    def map(self, fn: Callable[[Any], Any]) -> DataStream:
+        def make(uid: str) -> MapSpec:
+            _check_callable(fn, "map function", f"operator '{uid}'")
+            return MapSpec(fn)
+        return self._then("map", make)
+
+    def flat_map(self, fn: Callable[[Any], Iterable[Any]]) -> DataStream:
+        def make(uid: str) -> FlatMapSpec:
+            _check_callable(fn, "flat_map function", f"operator '{uid}'")
+            return FlatMapSpec(fn)
+        return self._then("flat_map", make)
+
+    def filter(self, pred: Callable[[Any], Any]) -> DataStream:
+        def make(uid: str) -> FilterSpec:
+            _check_callable(pred, "filter predicate", f"operator '{uid}'")
+            return FilterSpec(pred)
+        return self._then("filter", make)
+
+    # -- partitioning ------------------------------------------------------
+
+    def key_by(self, key: Callable[[Any], Any] | int | str) -> KeyedStream:
+        """Partition by key: a function of the record, an ``int`` position in
+        a tuple/list record, or a ``str`` field of a dict record."""
+        if isinstance(key, bool) or not (callable(key) or isinstance(key, int | str)):
+            raise TypeError(
+                f"key_by after '{self._describe()}': key must be a callable, an int position "
+                f"or a str field, got {key!r:.100}"
+            )
+        key_fn: Callable[[Any], Any]
+        if isinstance(key, int):
+            if key < 0:
+                raise ValueError(
+                    f"key_by after '{self._describe()}': position must be >= 0, got {key}"
+                )
+            key_fn = operator.itemgetter(key)
+        elif isinstance(key, str):
+            key_fn = operator.itemgetter(key)
+        else:
+            key_fn = key
+        return KeyedStream(
+            self._env,
+            tuple((src, Partitioning.KEY_GROUP, key_fn) for src, _, _ in self._inputs),
+            key_fn,
+        )
+
+    def rebalance(self) -> DataStream:
+        return DataStream(self._env, tuple((s, Partitioning.REBALANCE, None)
+                                           for s, _, _ in self._inputs))
+
+    def broadcast(self) -> DataStream:
+        return DataStream(self._env, tuple((s, Partitioning.BROADCAST, None)
+                                           for s, _, _ in self._inputs))
+
+    def forward(self) -> DataStream:
+        """Subtask i feeds subtask i (parallelisms must match)."""
+        return DataStream(self._env, tuple((s, Partitioning.FORWARD, None)
+                                           for s, _, _ in self._inputs))
+
+    def union(self, *others: DataStream) -> DataStream:
+        inputs = list(self._inputs)
+        for o in others:
+            if not isinstance(o, DataStream):
+                raise TypeError(f"union takes DataStreams, got {o!r:.100}")
+            if o._env is not self._env:
+                raise ValueError("union of streams from different environments")
+            inputs.extend(o._inputs)
+        return DataStream(self._env, tuple(inputs))
+
+    # -- operator attributes ------------------------------------------------
+
+    def _describe(self) -> str:
+        if self._node is not None:
+            return self._node.uid
+        nodes = self._env._graph.nodes
+        return " + ".join(nodes[s].uid for s, _, _ in self._inputs)
+
+    def _own_node(self, what: str) -> Node:
+        if self._node is None:
+            raise TypeError(
+                f"{what} applies to the operator just added; key_by, union, rebalance and "
+                f"broadcast add none (after '{self._describe()}')"
+            )
+        return self._node
+
+    def set_parallelism(self, n: int) -> DataStream:
+        node = self._own_node("set_parallelism")
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"operator '{node.uid}': parallelism must be an int, got {n!r}")
+        if n < 1:
+            raise ValueError(f"operator '{node.uid}': parallelism must be >= 1, got {n}")
+        if node.max_source_parallelism is not None and n > node.max_source_parallelism:
+            raise ValueError(
+                f"operator '{node.uid}': this source cannot run with parallelism {n} "
+                f"(at most {node.max_source_parallelism})"
+            )
+        node.parallelism = n
+        return self
+
+    def name(self, label: str) -> DataStream:
+        """Name the operator just added; the name is also its identity in
+        checkpoints, so it must be unique in the job."""
+        node = self._own_node("name")
+        if not isinstance(label, str) or not label or "/" in label or label.startswith("."):
+            raise ValueError(f"operator '{node.uid}': invalid name {label!r}")
+        for other in self._env._graph.nodes:
+            if other is not node and other.uid == label:
+                raise ValueError(f"operator name {label!r} is already used in this job")
+        node.uid = label
+        node.named = True
+        return self
+
+    @property
+    def operator_name(self) -> str:
+        return self._own_node("operator_name").uid
+
+    # -- sinks ---------------------------------------------------------------
+
+    def sink_to(self, sink: Sink) -> DataStream:
+        if not isinstance(sink, Sink):
+            raise TypeError(f"sink_to after '{self._describe()}' needs an ef.Sink, got {sink!r:.100}")
+        node = self._add("sink", SinkSpec(sink), is_sink=True)
+        return DataStream(self._env, (), node)
+
+    def print(self) -> DataStream:
+        return self.sink_to(PrintSink())
+
+    # -- keyed operations on a non-keyed stream: say what to do -----------------
+
+    def _needs_key(self, what: str) -> TypeError:
+        return TypeError(
+            f"{what} after '{self._describe()}' needs a keyed stream: call key_by(...) first"
+        )
+
+    def count(self) -> DataStream:
+        raise self._needs_key("count()")
+
+    def reduce(self, fn: Callable[[Any, Any], Any]) -> DataStream:
+        raise self._needs_key("reduce()")
+
+    def sum(self, value_fn: Callable[[Any], Any] = _second) -> DataStream:
+        raise self._needs_key("sum()")
+
+    def map_with_state(self, fn: Callable[[Any, Any], tuple[Any, Any]]) -> DataStream:
+        raise self._needs_key("map_with_state()")
+
+    def process(self, fn: KeyedProcessFunction) -> DataStream:
+        raise self._needs_key("process()")
+
+
+class KeyedStream(DataStream):
+    """A stream partitioned by key; its operators keep per-key state."""
+
+    def __init__(self, env: StreamEnvironment, inputs: tuple[_Input, ...],
+                 key_fn: Callable[[Any], Any]) -> None:
+        super().__init__(env, inputs)
+        self.key_fn = key_fn
+
+    def _keyed(self, kind: str, make: Callable[[str], Any]) -> DataStream:
+        return self._then(kind, make, keyed=True)
+
+    def count(self) -> DataStream:
+        """Emits ``(key, running count)`` per record."""
+        return self._keyed("count", lambda uid: KeyedCountSpec(self.key_fn))
+
+    def reduce(self, fn: Callable[[Any, Any], Any]) -> DataStream:
+        """Emits ``(key, fn(previous, record))`` per record (the record itself first)."""
+        def make(uid: str) -> KeyedReduceSpec:
+            _check_callable(fn, "reduce function", f"operator '{uid}'")
+            return KeyedReduceSpec(self.key_fn, fn)
+        return self._keyed("reduce", make)
+
+    def sum(self, value_fn: Callable[[Any], Any] = _second) -> DataStream:
+        """Emits ``(key, running sum of value_fn(record))`` per record."""
+        def make(uid: str) -> KeyedSumSpec:
+            _check_callable(value_fn, "sum value_fn", f"operator '{uid}'")
+            return KeyedSumSpec(self.key_fn, value_fn)
+        return self._keyed("sum", make)
+
+    def map_with_state(self, fn: Callable[[Any, Any], tuple[Any, Any]]) -> DataStream:
+        """``fn(record, state_or_None) -> (output, new_state)``; a new state of
+        ``None`` clears the key's state."""
+        def make(uid: str) -> MapWithStateSpec:
+            _check_callable(fn, "map_with_state function", f"operator '{uid}'")
+            return MapWithStateSpec(self.key_fn, fn)
+        return self._keyed("map_with_state", make)
+
+    def process(self, fn: KeyedProcessFunction) -> DataStream:
+        def make(uid: str) -> KeyedProcessSpec:
+            if isinstance(fn, type):
+                raise TypeError(f"operator '{uid}': process takes an instance, got the class "
+                                f"{fn.__name__}; write process({fn.__name__}())")
+            if not isinstance(fn, KeyedProcessFunction):
+                raise TypeError(
+                    f"operator '{uid}': process needs an ef.KeyedProcessFunction, got {fn!r:.100}"
+                )
+            return KeyedProcessSpec(self.key_fn, fn)
+        return self._keyed("process", make)

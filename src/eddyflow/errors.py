@@ -1,0 +1,24 @@
+"""Exceptions users see."""
+
+from __future__ import annotations
+
+__all__ = ["EddyflowError", "JobFailed"]
+
+
+class EddyflowError(Exception):
+    """Base of eddyflow's own errors."""
+
+
+class JobFailed(EddyflowError):
+    """A job failed and will not be restarted; ``__cause__`` is the root cause.
+
+    The message names the operator, the subtask and, where it is known, the
+    record and the source position it came from.
+    """
+
+    def __init__(self, message: str, *, operator: str | None = None,
+                 subtask: int | None = None, position: str | None = None) -> None:
+        super().__init__(message)
+        self.operator = operator
+        self.subtask = subtask
+        self.position = position

@@ -1,0 +1,108 @@
+"""Key groups: the stable mapping ``key -> hash -> key group -> subtask``.
+
+Keyed state is partitioned into ``max_parallelism`` key groups, the unit of
+state redistribution (DESIGN.md §4). The hash must give the same answer in
+every process, so Python's ``hash()`` (salted per process for ``str`` and
+``bytes``) is never used here; this module depends on nothing else in
+eddyflow, so the graph, the runtime and the state backends can all share it.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import zlib
+from typing import Any
+
+__all__ = [
+    "UnsupportedKeyError",
+    "check_key",
+    "key_group_for",
+    "key_group_range",
+    "stable_hash",
+    "subtask_for_key_group",
+]
+
+_MASK32 = 0xFFFFFFFF
+
+
+class UnsupportedKeyError(TypeError):
+    """A key whose type has no process-independent hash."""
+
+
+def _fmix32(h: int) -> int:
+    # MurmurHash3's finaliser: crc32 alone clusters short, similar keys in the
+    # low bits, and the modulo below only looks at those.
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & _MASK32
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & _MASK32
+    h ^= h >> 16
+    return h
+
+
+def stable_hash(key: Any) -> int:
+    """A 32-bit hash of ``key`` that is identical in every Python process.
+
+    Supported: ``str``, ``bytes``, ``int`` (and ``bool``), ``float``, ``None``
+    and tuples of these. Anything else raises :class:`UnsupportedKeyError`,
+    because a key type without a stable hash would silently scatter one key's
+    state over several subtasks after a restart.
+    """
+    t = type(key)
+    if t is str:
+        return _fmix32(zlib.crc32(key.encode("utf-8", "surrogatepass")))
+    if t is int or t is bool:
+        k = int(key)
+        if -(1 << 63) <= k < (1 << 63):
+            return _fmix32(zlib.crc32(struct.pack("<q", k)))
+        return _fmix32(zlib.crc32(k.to_bytes((k.bit_length() + 8) // 8, "little", signed=True)))
+    if t is bytes:
+        return _fmix32(zlib.crc32(key) ^ 0x5BD1E995)
+    if t is tuple:
+        h = 0x345678
+        for item in key:
+            h = _fmix32((h * 1000003) ^ stable_hash(item))
+        return _fmix32(h ^ len(key))
+    if t is float:
+        if key.is_integer() and math.isfinite(key):
+            # 1.0 == 1 as a dict key, so they must also share a key group.
+            return stable_hash(int(key))
+        return _fmix32(zlib.crc32(struct.pack("<d", key)))
+    if key is None:
+        return 0x9E3779B9
+    raise UnsupportedKeyError(
+        f"key {key!r} of type {t.__name__} has no stable hash; key_by must return "
+        "str, bytes, int, float, bool, None or a tuple of these"
+    )
+
+
+_FLAT_KEY_TYPES = frozenset({str, int, bytes, bool, float, type(None)})
+
+
+def check_key(key: Any) -> None:
+    """Raise :class:`UnsupportedKeyError` unless ``key`` has a stable hash;
+    near free for the common flat key types."""
+    if type(key) not in _FLAT_KEY_TYPES:
+        stable_hash(key)
+
+
+def key_group_for(key: Any, max_parallelism: int) -> int:
+    """The key group of ``key``: ``stable_hash(key) % max_parallelism``."""
+    return stable_hash(key) % max_parallelism
+
+
+def subtask_for_key_group(key_group: int, max_parallelism: int, parallelism: int) -> int:
+    """The subtask owning ``key_group``; each subtask owns one contiguous range."""
+    return key_group * parallelism // max_parallelism
+
+
+def key_group_range(subtask: int, max_parallelism: int, parallelism: int) -> range:
+    """The contiguous key groups that ``subtask`` of ``parallelism`` owns.
+
+    The inverse of :func:`subtask_for_key_group`, so that restoring with a new
+    parallelism only needs to read the key groups in this range.
+    """
+    start = -(-subtask * max_parallelism // parallelism)
+    end = -(-(subtask + 1) * max_parallelism // parallelism)
+    return range(start, end)

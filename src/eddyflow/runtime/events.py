@@ -1,0 +1,51 @@
+"""What travels through channels: record batches and in-band control events.
+
+Records always travel in a :class:`RecordBatch` (a list, so operators use
+list operations at C speed); control events (end of input now, checkpoint
+barriers later) travel in the same FIFO between batches, which is what makes
+barriers "in band": everything before an event was sent before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["EndOfInput", "RecordBatch", "Span", "merge_span"]
+
+#: Where a batch's records were read: ``{source label: [first position,
+#: position after the last]}``. Kept per batch, not per record, so that an
+#: error downstream of an exchange can still say which input it came from.
+Span = dict[str, list[Any]]
+
+
+class RecordBatch(list[Any]):
+    __slots__ = ("span",)
+
+    def __init__(self, records: Any = (), span: Span | None = None) -> None:
+        super().__init__(records)
+        self.span = span
+
+
+def merge_span(into: Span | None, other: Span | None) -> Span | None:
+    """Widen ``into`` by ``other``. Batches of one source subtask arrive in
+    order, so the earliest first and the latest end are the widest range."""
+    if other is None:
+        return into
+    if into is None:
+        return {k: list(v) for k, v in other.items()}
+    for label, (first, end) in other.items():
+        cur = into.get(label)
+        if cur is None:
+            into[label] = [first, end]
+        else:
+            cur[1] = end
+    return into
+
+
+@dataclass(frozen=True, slots=True)
+class EndOfInput:
+    """The sender will send nothing more on this channel."""
+
+
+END_OF_INPUT = EndOfInput()

@@ -1,0 +1,452 @@
+"""Operators as they run inside a task: each turns an input batch into an
+output batch with list operations, so per-record work is a C-level loop
+wherever the operator allows it (``map``, ``filter``, ``flat_map``) and a
+tight Python loop over a dict where it keeps keyed state.
+
+The *specs* (``MapSpec`` …) are the payloads of the logical graph's nodes:
+plain descriptions that the runtime instantiates once per subtask and that
+offline jobs can read to replay a job.
+
+Failure location: when ``process`` raises, the task asks the operator which
+input record failed (``failed_index``); keyed operators know it from their
+loop, pure operators find it by re-running the batch record by record.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from eddyflow.connectors.sink import Sink, SinkWriter
+from eddyflow.functions import KeyedProcessFunction, RuntimeContext
+from eddyflow.keygroups import check_key, key_group_range, stable_hash
+from eddyflow.state.backend import KeyedStateBackend, StateBackend
+
+__all__ = [
+    "FilterSpec",
+    "FlatMapSpec",
+    "KeyedCountSpec",
+    "KeyedProcessSpec",
+    "KeyedReduceSpec",
+    "KeyedSumSpec",
+    "MapSpec",
+    "MapWithStateSpec",
+    "Operator",
+    "OperatorContext",
+    "SinkSpec",
+    "SourceSpec",
+]
+
+_MISSING: Any = object()
+
+
+@dataclass(frozen=True)
+class OperatorContext:
+    """Where one operator instance runs."""
+
+    uid: str
+    subtask: int
+    parallelism: int
+    max_parallelism: int
+    state_backend: StateBackend
+
+    def keyed_backend(self) -> KeyedStateBackend:
+        groups = key_group_range(self.subtask, self.max_parallelism, self.parallelism)
+        return self.state_backend.create_keyed_backend(
+            self.uid, self.subtask, groups, self.max_parallelism
+        )
+
+
+class Operator:
+    """One operator of a chain, for one subtask."""
+
+    #: One output per input, in order: an output index is its input's index.
+    one_to_one = False
+    #: No state and no side effects: safe to re-run to locate a failure.
+    pure = False
+
+    def __init__(self, ctx: OperatorContext) -> None:
+        self.ctx = ctx
+        self.uid = ctx.uid
+        self.records_in = 0
+        self.records_out = 0
+        self.failed_index: int | None = None
+
+    def open(self) -> None:
+        """Prepare for the first batch (state, user ``open``)."""
+
+    def process(self, batch: list[Any]) -> list[Any]:
+        raise NotImplementedError
+
+    def locate_failure(self, batch: list[Any]) -> int | None:
+        """The index of the input record ``process`` failed on, if known."""
+        return self.failed_index
+
+    def output_counts(self, batch: list[Any]) -> list[int] | None:
+        """How many outputs each input yields; ``None`` if it cannot be
+        recomputed without side effects. Used to trace a failing record back
+        through the operators before it."""
+        if self.one_to_one:
+            return [1] * len(batch)
+        return None
+
+    def end_input(self) -> list[Any]:
+        """The input is exhausted: anything left to emit."""
+        return []
+
+    def close(self) -> None:
+        """Release resources; called once, also after a failure."""
+
+    def abort(self) -> None:
+        """The job is failing: discard uncommitted work."""
+
+
+# -- stateless ---------------------------------------------------------------
+
+
+class _PureOperator(Operator):
+    pure = True
+
+    def __init__(self, ctx: OperatorContext, fn: Callable[[Any], Any]) -> None:
+        super().__init__(ctx)
+        self.fn = fn
+
+    def locate_failure(self, batch: list[Any]) -> int | None:
+        for i, r in enumerate(batch):
+            try:
+                self.process([r])
+            except Exception:
+                return i
+        return None  # not reproducible: the function is not deterministic
+
+    def output_counts(self, batch: list[Any]) -> list[int] | None:
+        return [len(self.process([r])) for r in batch]
+
+
+class _Map(_PureOperator):
+    one_to_one = True
+
+    def process(self, batch: list[Any]) -> list[Any]:
+        return list(map(self.fn, batch))
+
+
+class _Filter(_PureOperator):
+    def process(self, batch: list[Any]) -> list[Any]:
+        return list(filter(self.fn, batch))
+
+
+class _FlatMap(_PureOperator):
+    def process(self, batch: list[Any]) -> list[Any]:
+        return list(itertools.chain.from_iterable(map(self.fn, batch)))
+
+
+@dataclass(frozen=True)
+class MapSpec:
+    fn: Callable[[Any], Any]
+
+    def instantiate(self, ctx: OperatorContext) -> Operator:
+        return _Map(ctx, self.fn)
+
+
+@dataclass(frozen=True)
+class FilterSpec:
+    fn: Callable[[Any], Any]
+
+    def instantiate(self, ctx: OperatorContext) -> Operator:
+        return _Filter(ctx, self.fn)
+
+
+@dataclass(frozen=True)
+class FlatMapSpec:
+    fn: Callable[[Any], Iterable[Any]]
+
+    def instantiate(self, ctx: OperatorContext) -> Operator:
+        return _FlatMap(ctx, self.fn)
+
+
+# -- keyed -------------------------------------------------------------------
+
+
+class _Keyed(Operator):
+    state_name = "value"
+    state_kind = "value"
+
+    def __init__(self, ctx: OperatorContext, key_fn: Callable[[Any], Any]) -> None:
+        super().__init__(ctx)
+        self.key_fn = key_fn
+        self.backend: KeyedStateBackend | None = None
+        self.table: dict[Any, Any] = {}
+
+    def open(self) -> None:
+        self.backend = self.ctx.keyed_backend()
+        self.table = self.backend.declare(self.state_name, self.state_kind)
+
+    def close(self) -> None:
+        if self.backend is not None:
+            self.backend.close()
+
+
+class _Count(_Keyed):
+    one_to_one = True
+    state_name = "count"
+
+    def process(self, batch: list[Any]) -> list[Any]:
+        kf = self.key_fn
+        table = self.table
+        get = table.get
+        out: list[Any] = []
+        append = out.append
+        try:
+            for r in batch:
+                k = kf(r)
+                c = get(k)
+                if c is None:
+                    stable_hash(k)  # reject keys without a stable hash on first sight
+                    c = 0
+                c += 1
+                table[k] = c
+                append((k, c))
+        except Exception:
+            self.failed_index = len(out)
+            raise
+        return out
+
+
+class _Reduce(_Keyed):
+    one_to_one = True
+    state_name = "reduce"
+
+    def __init__(self, ctx: OperatorContext, key_fn: Callable[[Any], Any],
+                 fn: Callable[[Any, Any], Any]) -> None:
+        super().__init__(ctx, key_fn)
+        self.fn = fn
+
+    def process(self, batch: list[Any]) -> list[Any]:
+        kf, fn, table = self.key_fn, self.fn, self.table
+        get = table.get
+        out: list[Any] = []
+        append = out.append
+        try:
+            for r in batch:
+                k = kf(r)
+                old = get(k, _MISSING)
+                if old is _MISSING:
+                    stable_hash(k)
+                    v = r
+                else:
+                    v = fn(old, r)
+                table[k] = v
+                append((k, v))
+        except Exception:
+            self.failed_index = len(out)
+            raise
+        return out
+
+
+class _Sum(_Keyed):
+    one_to_one = True
+    state_name = "sum"
+
+    def __init__(self, ctx: OperatorContext, key_fn: Callable[[Any], Any],
+                 value_fn: Callable[[Any], Any]) -> None:
+        super().__init__(ctx, key_fn)
+        self.value_fn = value_fn
+
+    def process(self, batch: list[Any]) -> list[Any]:
+        kf, vf, table = self.key_fn, self.value_fn, self.table
+        get = table.get
+        out: list[Any] = []
+        append = out.append
+        try:
+            for r in batch:
+                k = kf(r)
+                s = get(k, _MISSING)
+                if s is _MISSING:
+                    stable_hash(k)
+                    s = vf(r)
+                else:
+                    s = s + vf(r)
+                table[k] = s
+                append((k, s))
+        except Exception:
+            self.failed_index = len(out)
+            raise
+        return out
+
+
+class _MapWithState(_Keyed):
+    one_to_one = True
+    state_name = "state"
+
+    def __init__(self, ctx: OperatorContext, key_fn: Callable[[Any], Any],
+                 fn: Callable[[Any, Any], tuple[Any, Any]]) -> None:
+        super().__init__(ctx, key_fn)
+        self.fn = fn
+
+    def process(self, batch: list[Any]) -> list[Any]:
+        kf, fn, table = self.key_fn, self.fn, self.table
+        get = table.get
+        out: list[Any] = []
+        append = out.append
+        try:
+            for r in batch:
+                k = kf(r)
+                old = get(k)
+                if old is None:
+                    stable_hash(k)
+                result = fn(r, old)
+                if type(result) is not tuple or len(result) != 2:
+                    raise TypeError(
+                        f"map_with_state function must return (output, new_state), "
+                        f"got {result!r:.200}"
+                    )
+                output, new = result
+                if new is None:
+                    table.pop(k, None)
+                else:
+                    table[k] = new
+                append(output)
+        except Exception:
+            self.failed_index = len(out)
+            raise
+        return out
+
+
+class _Process(_Keyed):
+    def __init__(self, ctx: OperatorContext, key_fn: Callable[[Any], Any],
+                 fn: KeyedProcessFunction) -> None:
+        super().__init__(ctx, key_fn)
+        self.fn = fn
+        self.rctx: RuntimeContext | None = None
+
+    def open(self) -> None:
+        backend = self.backend = self.ctx.keyed_backend()
+        c = self.ctx
+        self.rctx = RuntimeContext(c.uid, c.subtask, c.parallelism, c.max_parallelism, backend)
+        self.fn.open(self.rctx)
+
+    def process(self, batch: list[Any]) -> list[Any]:
+        kf, proc, ctx = self.key_fn, self.fn.process, self.rctx
+        backend = self.backend
+        assert backend is not None and ctx is not None
+        out: list[Any] = []
+        extend = out.extend
+        i = 0
+        try:
+            for i, r in enumerate(batch):  # noqa: B007 - i names the failing record
+                k = kf(r)
+                check_key(k)
+                backend.current_key = k
+                res = proc(r, ctx)
+                if res is not None:
+                    extend(res)
+        except Exception:
+            self.failed_index = i
+            raise
+        return out
+
+    def close(self) -> None:
+        try:
+            self.fn.close()
+        finally:
+            super().close()
+
+
+@dataclass(frozen=True)
+class KeyedCountSpec:
+    key_fn: Callable[[Any], Any]
+
+    def instantiate(self, ctx: OperatorContext) -> Operator:
+        return _Count(ctx, self.key_fn)
+
+
+@dataclass(frozen=True)
+class KeyedReduceSpec:
+    key_fn: Callable[[Any], Any]
+    fn: Callable[[Any, Any], Any]
+
+    def instantiate(self, ctx: OperatorContext) -> Operator:
+        return _Reduce(ctx, self.key_fn, self.fn)
+
+
+@dataclass(frozen=True)
+class KeyedSumSpec:
+    key_fn: Callable[[Any], Any]
+    value_fn: Callable[[Any], Any]
+
+    def instantiate(self, ctx: OperatorContext) -> Operator:
+        return _Sum(ctx, self.key_fn, self.value_fn)
+
+
+@dataclass(frozen=True)
+class MapWithStateSpec:
+    key_fn: Callable[[Any], Any]
+    fn: Callable[[Any, Any], tuple[Any, Any]]
+
+    def instantiate(self, ctx: OperatorContext) -> Operator:
+        return _MapWithState(ctx, self.key_fn, self.fn)
+
+
+@dataclass(frozen=True)
+class KeyedProcessSpec:
+    key_fn: Callable[[Any], Any]
+    fn: KeyedProcessFunction
+
+    def instantiate(self, ctx: OperatorContext) -> Operator:
+        try:
+            fn = copy.deepcopy(self.fn)
+        except Exception as exc:
+            raise TypeError(
+                f"operator '{ctx.uid}': {type(self.fn).__name__} must be copyable "
+                f"(one copy per subtask): {exc}"
+            ) from exc
+        return _Process(ctx, self.key_fn, fn)
+
+
+# -- sources and sinks ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """A source node's payload; the task reads it, no operator is made."""
+
+    source: Any  # eddyflow.connectors.Source
+
+
+class _SinkOperator(Operator):
+    def __init__(self, ctx: OperatorContext, sink: Sink) -> None:
+        super().__init__(ctx)
+        self.sink = sink
+        self.writer: SinkWriter | None = None
+
+    def open(self) -> None:
+        self.writer = self.sink.create_writer(self.ctx.subtask, self.ctx.parallelism)
+
+    def process(self, batch: list[Any]) -> list[Any]:
+        assert self.writer is not None
+        self.writer.write(batch)
+        return []
+
+    def end_input(self) -> list[Any]:
+        # Without checkpointing the end of input is the one commit point.
+        # (With checkpointing, the coordinator's final checkpoint does this.)
+        assert self.writer is not None
+        committable = self.writer.prepare_commit(-1)
+        if committable is not None:
+            self.sink.commit([committable])
+        return []
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            self.writer.abort()
+
+
+@dataclass(frozen=True)
+class SinkSpec:
+    sink: Sink
+
+    def instantiate(self, ctx: OperatorContext) -> Operator:
+        return _SinkOperator(ctx, self.sink)
