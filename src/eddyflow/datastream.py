@@ -190,7 +190,9 @@ class DataStream:
 
     def sink_to(self, sink: Sink) -> DataStream:
         if not isinstance(sink, Sink):
-            raise TypeError(f"sink_to after '{self._describe()}' needs an ef.Sink, got {sink!r:.100}")
+            raise TypeError(
+                f"sink_to after '{self._describe()}' needs an ef.Sink, got {sink!r:.100}"
+            )
         node = self._add("sink", SinkSpec(sink), is_sink=True)
         return DataStream(self._env, (), node)
 

@@ -17,7 +17,8 @@ __all__ = ["CollectionSource"]
 
 class CollectionSource(Source):
     def __init__(self, items: Iterable[Any]) -> None:
-        self.items: Sequence[Any] = items if isinstance(items, list | tuple | range) else list(items)
+        seq = isinstance(items, list | tuple | range)
+        self.items: Sequence[Any] = items if seq else list(items)  # type: ignore[assignment]
 
     @property
     def name(self) -> str:

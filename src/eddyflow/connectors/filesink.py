@@ -11,6 +11,7 @@ done already, which makes commits idempotent for recovery.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -109,7 +110,5 @@ class _FileWriter(SinkWriter):
         f, self._file = self._file, None
         if f is not None:
             f.close()
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(self._sink.path, f".{self._name}.inprogress"))
-            except FileNotFoundError:
-                pass

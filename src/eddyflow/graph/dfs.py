@@ -41,17 +41,17 @@ def classify_edges(
     if len(index) != len(vertices):
         raise ValueError("duplicate vertex")
     out: list[list[int]] = [[] for _ in vertices]
-    for e, (u, w) in enumerate(edges):
-        if u not in index or w not in index:
-            raise ValueError(f"edge {e} ({u!r} -> {w!r}) names an unknown vertex")
-        out[index[u]].append(e)
+    for e, (src, dst) in enumerate(edges):
+        if src not in index or dst not in index:
+            raise ValueError(f"edge {e} ({src!r} -> {dst!r}) names an unknown vertex")
+        out[index[src]].append(e)
 
     kinds: list[EdgeKind | None] = [None] * len(edges)
     discovered = [-1] * len(vertices)
     on_stack = [False] * len(vertices)
     clock = 0
 
-    starts = [index[r] for r in roots] + list(range(len(vertices)))
+    starts: list[int] = [index[r] for r in roots] + list(range(len(vertices)))
     for start in starts:
         if discovered[start] >= 0:
             continue

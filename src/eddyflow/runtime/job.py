@@ -84,7 +84,7 @@ class JobRunner:
         for x in plan.exchanges:
             chans = self._channels(x)
             p_up = plan.chains[x.source_chain].parallelism
-            for (i, j), ch in chans.items():
+            for (_, j), ch in chans.items():
                 inputs.setdefault((x.target_chain, j), []).append(ch)
             for i in range(p_up):
                 mine = [ch for (u, _), ch in sorted(chans.items()) if u == i]

@@ -10,7 +10,7 @@ sees each change.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from eddyflow.state.backend import KeyedStateBackend
 
@@ -50,7 +50,7 @@ class ValueState(_Handle, Generic[T]):
 
     @property
     def value(self) -> T:
-        return self._table.get(self._backend.current_key, self._default)  # type: ignore[no-any-return]
+        return cast(T, self._table.get(self._backend.current_key, self._default))
 
     @value.setter
     def value(self, v: T) -> None:
@@ -160,7 +160,8 @@ class ReducingState(_Handle, Generic[T]):
         self._fn = fn
 
     def get(self) -> T | None:
-        return self._table.get(self._backend.current_key)  # type: ignore[no-any-return]
+        value: T | None = self._table.get(self._backend.current_key)
+        return value
 
     def add(self, v: T) -> None:
         key = self._backend.current_key

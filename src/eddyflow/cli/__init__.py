@@ -1,0 +1,1 @@
+"""The ``eddyflow`` command line (click)."""
