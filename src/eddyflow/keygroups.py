@@ -71,6 +71,18 @@ def stable_hash(key: Any) -> int:
         return _fmix32(zlib.crc32(struct.pack("<d", key)))
     if key is None:
         return 0x9E3779B9
+    # Subclasses (StrEnum, IntEnum, named tuples) equal their base value as
+    # dict keys, so they must hash like it too.
+    if isinstance(key, int):
+        return stable_hash(int(key))
+    if isinstance(key, str):
+        return stable_hash(str.__str__(key))
+    if isinstance(key, bytes):
+        return stable_hash(bytes(key))
+    if isinstance(key, float):
+        return stable_hash(float(key))
+    if isinstance(key, tuple):
+        return stable_hash(tuple(key))
     raise UnsupportedKeyError(
         f"key {key!r} of type {t.__name__} has no stable hash; key_by must return "
         "str, bytes, int, float, bool, None or a tuple of these"

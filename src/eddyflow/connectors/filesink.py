@@ -33,8 +33,6 @@ def _fsync_dir(path: str) -> None:
 class FileSink(Sink):
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        # Distinguishes the part files of separate fresh runs into one folder.
-        self.run_id = secrets.token_hex(4)
 
     @property
     def name(self) -> str:
@@ -66,12 +64,15 @@ class _FileWriter(SinkWriter):
     def __init__(self, sink: FileSink, subtask: int) -> None:
         self._sink = sink
         self._subtask = subtask
+        # Part names of separate runs (and restarts) into one folder must
+        # never collide: committables carry the names, so any token works.
+        self._token = secrets.token_hex(4)
         self._txn = 0
         self._file: IO[str] | None = None
         self._name = ""
 
     def _open(self) -> IO[str]:
-        self._name = f"part-{self._sink.run_id}-{self._subtask}-{self._txn}"
+        self._name = f"part-{self._token}-{self._subtask}-{self._txn}"
         path = os.path.join(self._sink.path, f".{self._name}.inprogress")
         self._file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed on prepare/abort
         return self._file

@@ -33,9 +33,23 @@ class TextFileSource(Source):
             size = os.path.getsize(self.path)
         except OSError as exc:
             raise OSError(f"cannot read input file {self.path!r}: {exc.strerror or exc}") from exc
-        lo = size * subtask // parallelism
+        lo = _line_start_at_or_after(self.path, size * subtask // parallelism)
         hi = size * (subtask + 1) // parallelism
         return _TextFileReader(self.path, self.encoding, lo, hi)
+
+
+def _line_start_at_or_after(path: str, offset: int) -> int:
+    """The first line start >= ``offset``: a split begins with the first line
+    that starts in it (the line through ``offset - 1`` belongs to the split
+    before), so that even its very first position is a line start."""
+    if offset == 0:
+        return 0
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset - 1)
+            return offset - 1 + len(f.readline())
+    except OSError as exc:
+        raise OSError(f"cannot read input file {path!r}: {exc.strerror or exc}") from exc
 
 
 def check_readable(path: str) -> None:
@@ -54,8 +68,7 @@ class _TextFileReader(SourceReader):
         self._encoding = encoding
         self._hi = hi
         self._file: IO[bytes] | None = None
-        self._pos = lo  # byte offset of the next line handed out
-        self._aligned = lo == 0  # lo may fall inside a line owned by the previous split
+        self._pos = lo  # byte offset of the next line handed out; lo is a line start
         self._pending: list[bytes] = []  # complete lines read ahead, in order
         self._pending_at = 0
         self._tail = b""  # an incomplete last line
@@ -67,15 +80,7 @@ class _TextFileReader(SourceReader):
             f = open(self._path, "rb")  # noqa: SIM115 - closed in close()
         except OSError as exc:
             raise OSError(f"cannot read input file {self._path!r}: {exc.strerror or exc}") from exc
-        if not self._aligned:
-            # Skip to the first line that starts at or after lo: the line
-            # containing byte lo-1 belongs to the previous split.
-            f.seek(self._pos - 1)
-            skipped = f.readline()
-            self._pos += len(skipped) - 1
-            self._aligned = True
-        else:
-            f.seek(self._pos)
+        f.seek(self._pos)
         self._file = f
         return f
 
@@ -113,6 +118,7 @@ class _TextFileReader(SourceReader):
             try:
                 out.append(raw.decode(self._encoding))
             except UnicodeDecodeError as exc:
+                self._pos = offsets[-1]  # the bad line, for the error report
                 raise ValueError(
                     f"input file {self._path!r}: line at byte offset {offsets[-1]} is not "
                     f"valid {self._encoding}: {exc.reason}"
@@ -129,7 +135,6 @@ class _TextFileReader(SourceReader):
         if not isinstance(position, int) or position < 0:
             raise ValueError(f"text file position must be a byte offset, got {position!r}")
         self._pos = position
-        self._aligned = True
         self._pending, self._pending_at, self._tail, self._eof = [], 0, b"", False
         if self._file is not None:
             self._file.seek(position)

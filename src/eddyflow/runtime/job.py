@@ -127,7 +127,9 @@ class JobRunner:
                 for t in tasks:
                     tg.start_soon(t.run, name=f"{t.name}[{t.subtask}]")
         except BaseExceptionGroup as group:
-            raise self._job_failed(group) from None
+            failed = self._job_failed(group)
+            # Chain the root cause, not the task group's ExceptionGroup.
+            raise failed from failed.__cause__
         return self.result(time.monotonic() - started)
 
     def _job_failed(self, group: BaseExceptionGroup[Any]) -> BaseException:

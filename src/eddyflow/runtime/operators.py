@@ -74,6 +74,8 @@ class Operator:
         self.records_in = 0
         self.records_out = 0
         self.failed_index: int | None = None
+        #: The failure was raised by the key selector, not the operator's function.
+        self.key_failed = False
 
     def open(self) -> None:
         """Prepare for the first batch (state, user ``open``)."""
@@ -171,6 +173,17 @@ class FlatMapSpec:
 
 
 class _Keyed(Operator):
+    def _failed(self, batch: list[Any], index: int, exc: Exception, key: Any) -> None:
+        """Record where a batch failed; name an unhashable key for what it is."""
+        self.failed_index = index
+        if index < len(batch):
+            try:
+                self.key_fn(batch[index])
+            except Exception:
+                self.key_failed = True
+        if isinstance(exc, TypeError):
+            check_key(key)  # raises UnsupportedKeyError for a list, dict, set …
+
     state_name = "value"
     state_kind = "value"
 
@@ -199,6 +212,7 @@ class _Count(_Keyed):
         get = table.get
         out: list[Any] = []
         append = out.append
+        k: Any = None
         try:
             for r in batch:
                 k = kf(r)
@@ -209,8 +223,8 @@ class _Count(_Keyed):
                 c += 1
                 table[k] = c
                 append((k, c))
-        except Exception:
-            self.failed_index = len(out)
+        except Exception as exc:
+            self._failed(batch, len(out), exc, k)
             raise
         return out
 
@@ -229,6 +243,7 @@ class _Reduce(_Keyed):
         get = table.get
         out: list[Any] = []
         append = out.append
+        k: Any = None
         try:
             for r in batch:
                 k = kf(r)
@@ -240,8 +255,8 @@ class _Reduce(_Keyed):
                     v = fn(old, r)
                 table[k] = v
                 append((k, v))
-        except Exception:
-            self.failed_index = len(out)
+        except Exception as exc:
+            self._failed(batch, len(out), exc, k)
             raise
         return out
 
@@ -260,6 +275,7 @@ class _Sum(_Keyed):
         get = table.get
         out: list[Any] = []
         append = out.append
+        k: Any = None
         try:
             for r in batch:
                 k = kf(r)
@@ -271,8 +287,8 @@ class _Sum(_Keyed):
                     s = s + vf(r)
                 table[k] = s
                 append((k, s))
-        except Exception:
-            self.failed_index = len(out)
+        except Exception as exc:
+            self._failed(batch, len(out), exc, k)
             raise
         return out
 
@@ -291,6 +307,7 @@ class _MapWithState(_Keyed):
         get = table.get
         out: list[Any] = []
         append = out.append
+        k: Any = None
         try:
             for r in batch:
                 k = kf(r)
@@ -309,8 +326,8 @@ class _MapWithState(_Keyed):
                 else:
                     table[k] = new
                 append(output)
-        except Exception:
-            self.failed_index = len(out)
+        except Exception as exc:
+            self._failed(batch, len(out), exc, k)
             raise
         return out
 
@@ -335,6 +352,7 @@ class _Process(_Keyed):
         out: list[Any] = []
         extend = out.extend
         i = 0
+        k: Any = None
         try:
             for i, r in enumerate(batch):  # noqa: B007 - i names the failing record
                 k = kf(r)
@@ -343,8 +361,8 @@ class _Process(_Keyed):
                 res = proc(r, ctx)
                 if res is not None:
                     extend(res)
-        except Exception:
-            self.failed_index = i
+        except Exception as exc:
+            self._failed(batch, i, exc, k)
             raise
         return out
 

@@ -64,7 +64,7 @@ class Task:
         self.gate = gate
         self.reader = reader
         self.source_uid = source_uid
-        self.source_label = f"source '{source_uid}' subtask {subtask}"
+        self.source_label = f"source '{source_uid}' (subtask {subtask + 1} of {parallelism})"
         self.batch_size = batch_size
         self.buffer_timeout = buffer_timeout
         self.records_read = 0
@@ -164,8 +164,8 @@ class Task:
         # Only a trace that reaches the task's own input names a source position.
         input_index = self._trace_back(start, stages, index) if start == 0 else None
         where = self._where(input_index, self._current_span)
-        return TaskFailure(self._describe(f"operator '{op.uid}'", exc, record, where),
-                           op.uid, self.subtask, where)
+        what = f"key selector of '{op.uid}'" if op.key_failed else f"operator '{op.uid}'"
+        return TaskFailure(self._describe(what, exc, record, where), op.uid, self.subtask, where)
 
     def _routing_failure(self, exc: KeyRoutingError, w: RecordWriter,
                          stages_in: list[Any]) -> TaskFailure:
@@ -174,8 +174,9 @@ class Task:
         stages = self._last_stages(stages_in) if stages_in else []
         index = self._trace_back(0, stages, exc.index) if stages else None
         where = self._where(index, self._current_span)
-        target = w.label.split(" -> ")[-1]
-        return TaskFailure(self._describe(f"key selector of '{target}'", cause, exc.record, where),
+        source, target = w.label.split(" -> ")
+        what = f"key selector of '{target}', evaluated after '{source}'"
+        return TaskFailure(self._describe(what, cause, exc.record, where),
                            target, self.subtask, where)
 
     def _last_stages(self, task_input: list[Any]) -> list[list[Any]]:

@@ -48,20 +48,30 @@ class RecordWriter:
     def add(self, records: list[Any], span: Span | None) -> bool:
         raise NotImplementedError
 
+    async def _send(self, i: int, buf: RecordBatch) -> None:
+        # A fan-out (flat_map) can overfill a buffer many times over; cut it
+        # so that a channel's memory bound stays capacity x batch_size.
+        size = self.batch_size
+        if len(buf) <= size:
+            await self.channels[i].put(buf)
+            return
+        for start in range(0, len(buf), size):
+            await self.channels[i].put(RecordBatch(buf[start : start + size], buf.span))
+
     async def send_full(self) -> None:
         """Send every buffer that has reached the batch size."""
         size = self.batch_size
         for i, buf in enumerate(self.buffers):
             if len(buf) >= size:
                 self.buffers[i] = RecordBatch()
-                await self.channels[i].put(buf)
+                await self._send(i, buf)
         self.full = False
 
     async def flush(self) -> None:
         for i, buf in enumerate(self.buffers):
             if buf:
                 self.buffers[i] = RecordBatch()
-                await self.channels[i].put(buf)
+                await self._send(i, buf)
         self.full = False
         self.dirty_since = 0.0
 
@@ -146,7 +156,11 @@ class KeyGroupWriter(RecordWriter):
         try:
             for i, r in enumerate(records):  # noqa: B007 - i names the failing record
                 k = kf(r)
-                c = get(k)
+                try:
+                    c = get(k)
+                except TypeError:
+                    stable_hash(k)  # UnsupportedKeyError names the key's type
+                    raise
                 if c is None:
                     c = route[stable_hash(k) % mp]
                     if len(cache) >= self._CACHE_LIMIT:
