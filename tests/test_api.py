@@ -1,0 +1,361 @@
+"""The DataStream API surface (API.md).
+
+Bad input is rejected when the job is declared, with a TypeError or
+ValueError that names the operator; the keyed operators (count, sum, reduce,
+map_with_state, process) produce exactly the documented outputs; key_by
+accepts a function, a tuple position or a dict field; and JobResult counts
+records in and out per operator.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import eddyflow as ef
+
+
+def _run(build: Any, parallelism: int = 1) -> list[Any]:
+    env = ef.StreamEnvironment(parallelism=parallelism)
+    sink = ef.ListSink()
+    build(env).sink_to(sink)
+    env.execute()
+    return sink.results
+
+
+# -- bad input at build time --------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["map", "flat_map", "filter"])
+@pytest.mark.parametrize("bad", [None, 3, "len"])
+def test_non_callable_to_stateless_operator(method: str, bad: Any) -> None:
+    env = ef.StreamEnvironment()
+    ds = env.from_collection([1]).map(str)
+    with pytest.raises(TypeError, match=rf"operator '{method}-2'.*must be callable"):
+        getattr(ds, method)(bad)
+    assert len(env._graph.nodes) == 2  # nothing half-added
+
+
+@pytest.mark.parametrize("method", ["reduce", "map_with_state", "sum"])
+def test_non_callable_to_keyed_operator(method: str) -> None:
+    env = ef.StreamEnvironment()
+    keyed = env.from_collection([("a", 1)]).key_by(0)
+    with pytest.raises(TypeError, match=rf"operator '{method}-1'.*must be callable"):
+        getattr(keyed, method)(42)
+
+
+@pytest.mark.parametrize("key", [1.5, None, b"x", [0]])
+def test_key_by_rejects_non_key_types(key: Any) -> None:
+    env = ef.StreamEnvironment()
+    ds = env.from_collection([(1, 2)]).name("src")
+    with pytest.raises(TypeError, match="key_by after 'src'"):
+        ds.key_by(key)
+
+
+def test_key_by_rejects_bool() -> None:
+    env = ef.StreamEnvironment()
+    with pytest.raises(TypeError, match="key_by"):
+        env.from_collection([(1, 2)]).key_by(True)
+
+
+def test_key_by_rejects_negative_position() -> None:
+    env = ef.StreamEnvironment()
+    ds = env.from_collection([(1, 2)]).map(tuple).name("pairs")
+    with pytest.raises(ValueError, match=r"key_by after 'pairs'.*>= 0"):
+        ds.key_by(-1)
+
+
+@pytest.mark.parametrize("method", ["count", "reduce", "process", "sum", "map_with_state"])
+def test_keyed_operation_on_non_keyed_stream(method: str) -> None:
+    class P(ef.KeyedProcessFunction):
+        def process(self, value: Any, ctx: ef.RuntimeContext) -> Any:
+            yield value
+
+    env = ef.StreamEnvironment()
+    ds = env.from_collection([1]).map(str).name("strs")
+    args = {"count": (), "reduce": (max,), "process": (P(),), "sum": (),
+            "map_with_state": (lambda r, s: (r, s),)}[method]
+    with pytest.raises(TypeError, match=r"after 'strs'.*key_by") as info:
+        getattr(ds, method)(*args)
+    assert f"{method}()" in str(info.value)
+
+
+def test_process_with_class_instead_of_instance() -> None:
+    class Dedup(ef.KeyedProcessFunction):
+        def process(self, value: Any, ctx: ef.RuntimeContext) -> Any:
+            yield value
+
+    env = ef.StreamEnvironment()
+    keyed = env.from_collection([1]).key_by(lambda x: x)
+    with pytest.raises(TypeError, match=r"operator 'process-1'.*Dedup\(\)"):
+        keyed.process(Dedup)  # type: ignore[arg-type]
+
+
+def test_process_with_plain_function() -> None:
+    env = ef.StreamEnvironment()
+    keyed = env.from_collection([1]).key_by(lambda x: x)
+    with pytest.raises(TypeError, match=r"operator 'process-1'.*KeyedProcessFunction"):
+        keyed.process(lambda v, ctx: [v])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("n", "exc"), [(0, ValueError), (-3, ValueError), ("2", TypeError),
+                                        (2.0, TypeError), (True, TypeError)])
+def test_set_parallelism_bad_values(n: Any, exc: type[Exception]) -> None:
+    env = ef.StreamEnvironment()
+    ds = env.from_collection([1]).map(str).name("fmt")
+    with pytest.raises(exc, match="operator 'fmt'"):
+        ds.set_parallelism(n)
+
+
+def test_name_twice_with_same_label() -> None:
+    env = ef.StreamEnvironment()
+    ds = env.from_collection([1]).map(str).name("step")
+    with pytest.raises(ValueError, match="'step' is already used"):
+        ds.map(str).name("step")
+
+
+@pytest.mark.parametrize("label", ["", "a/b", ".hidden", 7])
+def test_name_invalid_label(label: Any) -> None:
+    env = ef.StreamEnvironment()
+    ds = env.from_collection([1]).map(str)
+    with pytest.raises(ValueError, match="operator 'map-1': invalid name"):
+        ds.name(label)
+
+
+def test_renaming_same_operator_is_allowed() -> None:
+    env = ef.StreamEnvironment()
+    ds = env.from_collection([1]).map(str).name("a").name("a")
+    assert ds.operator_name == "a"
+
+
+@pytest.mark.parametrize("partitioning", ["key_by", "rebalance", "broadcast", "union"])
+def test_set_parallelism_and_name_need_an_operator(partitioning: str) -> None:
+    env = ef.StreamEnvironment()
+    ds = env.from_collection([(1, 2)]).name("src")
+    other = env.from_collection([(3, 4)])
+    s = {"key_by": lambda: ds.key_by(0), "rebalance": ds.rebalance,
+         "broadcast": ds.broadcast, "union": lambda: ds.union(other)}[partitioning]()
+    with pytest.raises(TypeError, match="set_parallelism applies to the operator just added"):
+        s.set_parallelism(2)
+    with pytest.raises(TypeError, match="name applies to the operator just added"):
+        s.name("x")
+
+
+@pytest.mark.parametrize(("kwargs", "exc"), [
+    ({"parallelism": 0}, ValueError),
+    ({"parallelism": -1}, ValueError),
+    ({"parallelism": "1"}, TypeError),
+    ({"max_parallelism": 0}, ValueError),
+    ({"parallelism": 5, "max_parallelism": 4}, ValueError),
+    ({"batch_size": 0}, ValueError),
+    ({"channel_capacity": 0}, ValueError),
+    ({"buffer_timeout": -0.1}, ValueError),
+])
+def test_environment_bad_config(kwargs: dict[str, Any], exc: type[Exception]) -> None:
+    with pytest.raises(exc):
+        ef.StreamEnvironment(**kwargs)
+
+
+def test_parallelism_above_max_parallelism_message() -> None:
+    with pytest.raises(ValueError, match="parallelism 200 exceeds max_parallelism 128"):
+        ef.StreamEnvironment(parallelism=200)
+
+
+def test_keyed_operator_parallelism_above_max_parallelism() -> None:
+    env = ef.StreamEnvironment(max_parallelism=8)
+    (env.from_collection([1]).key_by(lambda x: x).count().name("cnt").set_parallelism(9)
+        .sink_to(ef.ListSink()))
+    with pytest.raises(ValueError, match=r"operator 'cnt'.*exceeds max_parallelism 8"):
+        env.plan()
+    with pytest.raises(ValueError, match="operator 'cnt'"):
+        env.execute()
+
+
+def test_read_text_file_missing_path(tmp_path: Path) -> None:
+    env = ef.StreamEnvironment()
+    path = tmp_path / "sub" / "missing.txt"
+    with pytest.raises(FileNotFoundError) as info:
+        env.read_text_file(path)
+    assert str(path) in str(info.value)
+
+
+def test_sink_to_needs_a_sink() -> None:
+    env = ef.StreamEnvironment()
+    with pytest.raises(TypeError, match=r"needs an ef\.Sink"):
+        env.from_collection([1]).map(str).name("fmt").sink_to([])  # type: ignore[arg-type]
+
+
+def test_from_source_needs_a_source() -> None:
+    env = ef.StreamEnvironment()
+    with pytest.raises(TypeError, match=r"needs an ef\.Source"):
+        env.from_source([1, 2])  # type: ignore[arg-type]
+
+
+def test_job_without_sink_or_source_is_rejected() -> None:
+    env = ef.StreamEnvironment()
+    with pytest.raises(ValueError, match="no operators"):
+        env.execute()
+    env.from_collection([1]).map(str)
+    with pytest.raises(ValueError, match="no sink"):
+        env.execute()
+
+
+def test_union_across_environments_rejected() -> None:
+    a = ef.StreamEnvironment().from_collection([1])
+    b = ef.StreamEnvironment().from_collection([2])
+    with pytest.raises(ValueError, match="different environments"):
+        a.union(b)
+    with pytest.raises(TypeError, match="union takes DataStreams"):
+        a.union([3])  # type: ignore[arg-type]
+
+
+# -- keyed operators: exact outputs ---------------------------------------------------------
+
+
+WORDS = ["a", "b", "a", "c", "b", "a"]
+PAIRS = [("a", 1), ("b", 2), ("a", 3), ("c", 4), ("b", 5), ("a", 6)]
+
+
+def test_count_output() -> None:
+    got = _run(lambda env: env.from_collection(WORDS).key_by(lambda w: w).count())
+    assert got == [("a", 1), ("b", 1), ("a", 2), ("c", 1), ("b", 2), ("a", 3)]
+
+
+def test_sum_default_value_fn_is_second_field() -> None:
+    got = _run(lambda env: env.from_collection(PAIRS).key_by(0).sum())
+    assert got == [("a", 1), ("b", 2), ("a", 4), ("c", 4), ("b", 7), ("a", 10)]
+
+
+def test_sum_with_value_fn() -> None:
+    got = _run(lambda env: env.from_collection(PAIRS).key_by(0).sum(lambda r: r[1] * 0.5))
+    assert got == [("a", 0.5), ("b", 1.0), ("a", 2.0), ("c", 2.0), ("b", 3.5), ("a", 5.0)]
+
+
+def test_reduce_output() -> None:
+    def add(acc: tuple[str, int], r: tuple[str, int]) -> tuple[str, int]:
+        return (acc[0], acc[1] + r[1])
+
+    got = _run(lambda env: env.from_collection(PAIRS).key_by(0).reduce(add))
+    assert got == [
+        ("a", ("a", 1)), ("b", ("b", 2)), ("a", ("a", 4)),
+        ("c", ("c", 4)), ("b", ("b", 7)), ("a", ("a", 10)),
+    ]
+
+
+def test_map_with_state_output_and_clearing() -> None:
+    # Running total per key, reset (state cleared) whenever it reaches >= 4.
+    def step(r: tuple[str, int], total: int | None) -> tuple[Any, int | None]:
+        new = (total or 0) + r[1]
+        return (r[0], new, total), (None if new >= 4 else new)
+
+    env = ef.StreamEnvironment()
+    sink = ef.ListSink()
+    env.from_collection(PAIRS).key_by(0).map_with_state(step).name("mws").sink_to(sink)
+    result = env.execute()
+    assert sink.results == [
+        ("a", 1, None), ("b", 2, None), ("a", 4, 1),
+        ("c", 4, None), ("b", 7, 2), ("a", 6, None),
+    ]
+    assert result.state("mws") == {}  # every key ended cleared
+
+
+def test_map_with_state_must_return_pair() -> None:
+    env = ef.StreamEnvironment()
+    env.from_collection([1]).key_by(lambda x: x).map_with_state(lambda r, s: r).sink_to(
+        ef.ListSink())
+    with pytest.raises(ef.JobFailed, match=r"must return \(output, new_state\)"):
+        env.execute()
+
+
+def test_process_function_with_state() -> None:
+    class Dedup(ef.KeyedProcessFunction):
+        def open(self, ctx: ef.RuntimeContext) -> None:
+            self.seen = ctx.value_state("seen", default=False)
+
+        def process(self, value: Any, ctx: ef.RuntimeContext) -> Any:
+            if not self.seen.value:
+                self.seen.value = True
+                yield (ctx.current_key, value)
+
+    got = _run(lambda env: env.from_collection(PAIRS).key_by(0).process(Dedup()))
+    assert got == [("a", ("a", 1)), ("b", ("b", 2)), ("c", ("c", 4))]
+
+
+def test_keyed_outputs_at_parallelism_three_match_per_key() -> None:
+    expected = [("a", 1), ("b", 1), ("a", 2), ("c", 1), ("b", 2), ("a", 3)]
+    got = _run(lambda env: env.from_collection(WORDS * 1).key_by(lambda w: w).count(), 3)
+    assert sorted(got) == sorted(expected)
+    for k in "abc":
+        assert [c for w, c in got if w == k] == [c for w, c in expected if w == k]
+
+
+def test_key_by_position_on_tuples() -> None:
+    got = _run(lambda env: env.from_collection([(1, "x"), (2, "y"), (1, "z")]).key_by(0).count())
+    assert got == [(1, 1), (2, 1), (1, 2)]
+    got = _run(lambda env: env.from_collection([(1, "x"), (2, "x"), (1, "z")]).key_by(1).count())
+    assert got == [("x", 1), ("x", 2), ("z", 1)]
+
+
+def test_key_by_field_on_dicts() -> None:
+    rows = [{"user": "u1", "n": 5}, {"user": "u2", "n": 1}, {"user": "u1", "n": 2}]
+    got = _run(lambda env: env.from_collection(rows).key_by("user").sum(lambda r: r["n"]))
+    assert got == [("u1", 5), ("u2", 1), ("u1", 7)]
+
+
+def test_key_by_tuple_keys() -> None:
+    rows = [("a", 1, 10), ("a", 2, 10), ("a", 1, 5)]
+    got = _run(lambda env: env.from_collection(rows).key_by(lambda r: (r[0], r[1])).count(), 2)
+    assert sorted(got) == [(("a", 1), 1), (("a", 1), 2), (("a", 2), 1)]
+
+
+def test_job_result_counts_per_operator() -> None:
+    env = ef.StreamEnvironment()
+    sink = ef.ListSink()
+    (env.from_collection(range(100)).name("nums")
+        .filter(lambda x: x % 4 == 0).name("quarter")
+        .flat_map(lambda x: [x, x]).name("twice")
+        .key_by(lambda x: x % 3).count().name("cnt")
+        .sink_to(sink).name("out"))
+    result = env.execute("counted")
+    assert result.job_name == "counted"
+    assert result.records_out["nums"] == 100
+    assert result.records_in["quarter"] == 100
+    assert result.records_out["quarter"] == 25
+    assert result.records_in["twice"] == 25
+    assert result.records_out["twice"] == 50
+    assert result.records_in["cnt"] == 50
+    assert result.records_out["cnt"] == 50
+    assert result.records_in["out"] == 50
+    assert result.records_out["out"] == 0
+    assert set(result.records_in) == {"nums", "quarter", "twice", "cnt", "out"}
+    assert result.duration >= 0
+    assert result.restarts == 0
+    assert result.completed_checkpoints == []
+    assert sum(result.state("cnt").values()) == 50
+
+
+def test_job_result_counts_sum_over_parallel_subtasks() -> None:
+    env = ef.StreamEnvironment(parallelism=3)
+    (env.from_collection(range(999)).set_parallelism(3).name("src")
+        .map(lambda x: x).name("m")
+        .rebalance().filter(lambda x: x % 2).name("odd").set_parallelism(2)
+        .sink_to(ef.ListSink()).name("out"))
+    result = env.execute()
+    assert result.records_out["src"] == 999
+    assert result.records_in["m"] == result.records_out["m"] == 999
+    assert result.records_in["odd"] == 999
+    assert result.records_out["odd"] == 499
+    assert result.records_in["out"] == 499
+
+
+def test_operator_name_defaults_are_deterministic() -> None:
+    def build() -> list[str]:
+        env = ef.StreamEnvironment()
+        (env.from_collection([1]).map(str).filter(bool).key_by(lambda s: s).count()
+            .sink_to(ef.ListSink()))
+        return [n.uid for n in env._graph.nodes]
+
+    assert build() == build() == ["source-0", "map-1", "filter-2", "count-3", "sink-4"]
+
