@@ -35,8 +35,9 @@ class StreamEnvironment:
 
     ``batch_size`` (records per channel batch), ``buffer_timeout`` (seconds a
     record may wait in an output buffer while its task is busy) and
-    ``channel_capacity`` (batches a channel holds before it back-pressures
-    the producer) tune the runtime; the defaults favour throughput with a
+    ``channel_capacity`` (a channel holds ``channel_capacity * batch_size``
+    records, plus at most one batch, before it back-pressures the producer)
+    tune the runtime; the defaults favour throughput with a
     latency bound of about 10 ms.
     """
 

@@ -18,7 +18,9 @@ class JobResult:
     restarts: int = 0
     #: operator uid -> state name -> {key: value}, merged over subtasks, as
     #: the job left it (for inspection and for comparing runs in tests).
-    final_state: dict[str, dict[str, dict[Any, Any]]] = field(default_factory=dict)
+    # Not in the repr: it can hold millions of keys, and asyncio formats the
+    # repr of a finished main task's result during teardown.
+    final_state: dict[str, dict[str, dict[Any, Any]]] = field(default_factory=dict, repr=False)
 
     def state(self, operator: str, name: str | None = None) -> dict[Any, Any]:
         """The final keyed state of ``operator`` (its only state if ``name`` is

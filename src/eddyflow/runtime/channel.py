@@ -1,9 +1,14 @@
 """Channels and input gates.
 
 A :class:`Channel` is a bounded FIFO of batches and events from one upstream
-subtask to one downstream subtask; its bound (in batches) is what
-back-pressures a fast producer. A channel can be unbounded (``capacity``
-``None``), for the feedback edges of loops, which must always accept.
+subtask to one downstream subtask; its bound is what back-pressures a fast
+producer. The bound counts *records* (an event counts as one): a producer
+waits while the channel holds ``capacity`` records or more, so a channel holds
+at most ``capacity`` records plus one batch. Counting records rather than
+batches lets a fan-out (a ``flat_map`` that turns one batch into ten batches'
+worth) send its output in one hand-off instead of ten, with the same memory
+bound. A channel can be unbounded (``capacity`` ``None``), for the feedback
+edges of loops, which must always accept.
 
 An :class:`InputGate` multiplexes a task's input channels: it hands out the
 next item of any channel that has one and is not *blocked*. Blocking a
@@ -20,29 +25,38 @@ import asyncio
 import collections
 from typing import Any
 
+from eddyflow.runtime.events import RecordBatch
+
 __all__ = ["Channel", "InputGate"]
 
 
 class Channel:
-    __slots__ = ("_gate", "_items", "_space_waiters", "capacity", "index", "name")
+    __slots__ = ("_gate", "_items", "_records", "_space_waiters", "capacity", "index", "name")
 
     def __init__(self, name: str, capacity: int | None) -> None:
         if capacity is not None and capacity < 1:
             raise ValueError(f"channel capacity must be >= 1, got {capacity}")
         self.name = name
-        self.capacity = capacity
+        self.capacity = capacity  # in records
+        self._records = 0
         self._items: collections.deque[Any] = collections.deque()
         self._space_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._gate: InputGate | None = None
         self.index = -1
 
     def __len__(self) -> int:
+        """Batches and events queued."""
         return len(self._items)
+
+    @property
+    def records(self) -> int:
+        """Records queued (an event counts as one)."""
+        return self._records
 
     async def put(self, item: Any) -> None:
         cap = self.capacity
         if cap is not None:
-            while len(self._items) >= cap:
+            while self._records >= cap:
                 fut = asyncio.get_running_loop().create_future()
                 self._space_waiters.append(fut)
                 try:
@@ -52,12 +66,14 @@ class Channel:
                         self._space_waiters.remove(fut)
                     raise
         self._items.append(item)
+        self._records += len(item) if type(item) is RecordBatch else 1
         gate = self._gate
         if gate is not None:
             gate._wake()
 
     def _pop(self) -> Any:
         item = self._items.popleft()
+        self._records -= len(item) if type(item) is RecordBatch else 1
         waiters = self._space_waiters
         while waiters:
             w = waiters.popleft()

@@ -52,7 +52,7 @@ class JobRunner:
         """Channels of one exchange, by (upstream subtask, downstream subtask)."""
         p_up = self.plan.chains[x.source_chain].parallelism
         p_down = self.plan.chains[x.target_chain].parallelism
-        cap = None if x.back_edge else self.config.channel_capacity
+        cap = None if x.back_edge else self.config.channel_capacity * self.config.batch_size
         nodes = self.plan.graph.nodes
         name = f"{nodes[x.source_node].uid}->{nodes[x.target_node].uid}"
         if x.partitioning is Partitioning.FORWARD:

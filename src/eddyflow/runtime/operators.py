@@ -22,7 +22,7 @@ from typing import Any
 
 from eddyflow.connectors.sink import Sink, SinkWriter
 from eddyflow.functions import KeyedProcessFunction, RuntimeContext
-from eddyflow.keygroups import check_key, key_group_range, stable_hash
+from eddyflow.keygroups import check_key, key_group_range
 from eddyflow.state.backend import KeyedStateBackend, StateBackend
 
 __all__ = [
@@ -218,7 +218,7 @@ class _Count(_Keyed):
                 k = kf(r)
                 c = get(k)
                 if c is None:
-                    stable_hash(k)  # reject keys without a stable hash on first sight
+                    check_key(k)  # reject keys without a stable hash on first sight
                     c = 0
                 c += 1
                 table[k] = c
@@ -249,7 +249,7 @@ class _Reduce(_Keyed):
                 k = kf(r)
                 old = get(k, _MISSING)
                 if old is _MISSING:
-                    stable_hash(k)
+                    check_key(k)
                     v = r
                 else:
                     v = fn(old, r)
@@ -281,7 +281,7 @@ class _Sum(_Keyed):
                 k = kf(r)
                 s = get(k, _MISSING)
                 if s is _MISSING:
-                    stable_hash(k)
+                    check_key(k)
                     s = vf(r)
                 else:
                     s = s + vf(r)
@@ -313,7 +313,7 @@ class _MapWithState(_Keyed):
                 k = kf(r)
                 old = get(k)
                 if old is None:
-                    stable_hash(k)
+                    check_key(k)
                 result = fn(r, old)
                 if type(result) is not tuple or len(result) != 2:
                     raise TypeError(
