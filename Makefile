@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all lint bench clean
+.PHONY: demo test test-all lint bench bench-all clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ test-all: lint
 
 bench: $(VENV)/.bench
 	$(PY) benchmarks/throughput.py
+
+bench-all: $(VENV)/.bench
+	$(PY) benchmarks/throughput.py
+	$(PY) benchmarks/overhead.py --plot docs/img/overhead.png
+	$(PY) benchmarks/iterations.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -28,6 +28,7 @@ def add_reading(event: tuple[str, int], total: int | None) -> tuple[tuple[str, i
 
 
 def build(env: ef.StreamEnvironment) -> None:
+    env.enable_checkpointing(interval=0.5, directory="checkpoints/running-sum")
     (
         env.from_collection(events()).name("events")
         .key_by(0)

@@ -3,6 +3,8 @@
 The public API (API.md) is re-exported here: ``import eddyflow as ef``.
 """
 
+from eddyflow import testing
+from eddyflow.checkpoints import CheckpointInfo, list_checkpoints
 from eddyflow.connectors import (
     FileSink,
     ListSink,
@@ -13,11 +15,13 @@ from eddyflow.connectors import (
     Source,
     SourceReader,
 )
-from eddyflow.datastream import DataStream, KeyedStream
+from eddyflow.connectors.log import Log
+from eddyflow.datastream import DataStream, IterativeStream, KeyedStream
 from eddyflow.environment import StreamEnvironment
 from eddyflow.errors import EddyflowError, JobFailed
 from eddyflow.functions import KeyedProcessFunction, RuntimeContext
 from eddyflow.keygroups import UnsupportedKeyError
+from eddyflow.restart import FixedDelayRestart, NoRestart, RestartStrategy
 from eddyflow.result import JobResult
 from eddyflow.state import (
     ListState,
@@ -31,20 +35,26 @@ from eddyflow.state import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "CheckpointInfo",
     "DataStream",
     "EddyflowError",
     "FileSink",
+    "FixedDelayRestart",
+    "IterativeStream",
     "JobFailed",
     "JobResult",
     "KeyedProcessFunction",
     "KeyedStream",
     "ListSink",
     "ListState",
+    "Log",
     "MapState",
     "MemoryStateBackend",
+    "NoRestart",
     "NotReplayableError",
     "PrintSink",
     "ReducingState",
+    "RestartStrategy",
     "RuntimeContext",
     "Sink",
     "SinkWriter",
@@ -55,4 +65,6 @@ __all__ = [
     "UnsupportedKeyError",
     "ValueState",
     "__version__",
+    "list_checkpoints",
+    "testing",
 ]

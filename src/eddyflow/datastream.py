@@ -19,6 +19,7 @@ from eddyflow.graph.logical import Node, Partitioning
 from eddyflow.runtime.operators import (
     FilterSpec,
     FlatMapSpec,
+    IterationHeadSpec,
     KeyedCountSpec,
     KeyedProcessSpec,
     KeyedReduceSpec,
@@ -31,7 +32,7 @@ from eddyflow.runtime.operators import (
 if TYPE_CHECKING:
     from eddyflow.environment import StreamEnvironment
 
-__all__ = ["DataStream", "KeyedStream"]
+__all__ = ["DataStream", "IterativeStream", "KeyedStream"]
 
 _Input = tuple[int, Partitioning, Callable[[Any], Any] | None]
 
@@ -138,6 +139,14 @@ class DataStream:
                 raise ValueError("union of streams from different environments")
             inputs.extend(o._inputs)
         return DataStream(self._env, tuple(inputs))
+
+    # -- cycles --------------------------------------------------------------
+
+    def iterate(self) -> IterativeStream:
+        """Start a loop: the returned stream carries this stream's records and
+        everything later fed back with :meth:`IterativeStream.close_with`."""
+        node = self._add("iterate", IterationHeadSpec())
+        return IterativeStream(self._env, ((node.id, Partitioning.DEFAULT, None),), node)
 
     # -- operator attributes ------------------------------------------------
 
@@ -270,3 +279,26 @@ class KeyedStream(DataStream):
                 )
             return KeyedProcessSpec(self.key_fn, fn)
         return self._keyed("process", make)
+
+
+class IterativeStream(DataStream):
+    """The head of a loop. Close it with the stream to feed back."""
+
+    def __init__(self, env: StreamEnvironment, inputs: tuple[_Input, ...], node: Node) -> None:
+        super().__init__(env, inputs, node)
+        self._closed = False
+
+    def close_with(self, feedback: DataStream) -> None:
+        """Feed ``feedback`` back into the head: the loop's back-edge. Its
+        partitioning (``key_by``, ``rebalance``) applies to the feedback."""
+        head = self._own_node("close_with")
+        if self._closed:
+            raise ValueError(f"loop '{head.uid}' is already closed")
+        if not isinstance(feedback, DataStream) or feedback._env is not self._env:
+            raise TypeError(f"loop '{head.uid}': close_with needs a DataStream of the same job")
+        if not feedback._inputs:
+            raise TypeError(f"loop '{head.uid}': close_with needs a stream, not a sink")
+        graph = self._env._graph
+        for source, part, key_fn in feedback._inputs:
+            graph.add_edge(source, head.id, part, key_fn, feedback=True)
+        self._closed = True

@@ -3,23 +3,32 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import AsyncIterable, Iterable
 from typing import Any
 
 from eddyflow.connectors.asynciter import AsyncIterableSource
 from eddyflow.connectors.collection import CollectionSource
+from eddyflow.connectors.log import LogSource
 from eddyflow.connectors.source import Source
 from eddyflow.connectors.textfile import TextFileSource
 from eddyflow.datastream import DataStream
+from eddyflow.errors import JobFailed
 from eddyflow.graph.logical import LogicalGraph, Partitioning
 from eddyflow.graph.plan import ExecutionPlan, build_plan
+from eddyflow.restart import NoRestart, RestartStrategy
 from eddyflow.result import JobResult
+from eddyflow.runtime.coordinator import MODES, CheckpointConfig
 from eddyflow.runtime.job import JobRunner, RuntimeConfig
 from eddyflow.runtime.operators import SourceSpec
+from eddyflow.runtime.restore import RestoredCheckpoint
 from eddyflow.state.backend import MemoryStateBackend, StateBackend
+from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage
 
 __all__ = ["StreamEnvironment"]
+
+log = logging.getLogger("eddyflow")
 
 
 def _positive_int(value: Any, what: str) -> int:
@@ -64,6 +73,8 @@ class StreamEnvironment:
         self.channel_capacity = _positive_int(channel_capacity, "channel_capacity")
         self.chaining = chaining
         self.state_backend: StateBackend = MemoryStateBackend()
+        self.checkpoint_config: CheckpointConfig | None = None
+        self.restart_strategy: RestartStrategy = NoRestart()
         self._graph = LogicalGraph()
 
     # -- configuration -------------------------------------------------------
@@ -72,6 +83,38 @@ class StreamEnvironment:
         if not isinstance(backend, StateBackend):
             raise TypeError(f"set_state_backend needs an ef.StateBackend, got {backend!r}")
         self.state_backend = backend
+        return self
+
+    def enable_checkpointing(
+        self,
+        interval: float = 1.0,
+        directory: str | os.PathLike[str] = "checkpoints",
+        mode: str = "exactly_once",
+        retained: int = 3,
+        timeout: float = 60.0,
+    ) -> StreamEnvironment:
+        """Take a checkpoint every ``interval`` seconds into ``directory``."""
+        if (isinstance(interval, bool) or not isinstance(interval, int | float)
+                or not interval > 0 or interval == float("inf")):
+            raise ValueError(f"checkpoint interval must be > 0 seconds, got {interval!r}")
+        if mode not in MODES:
+            raise ValueError(f"checkpoint mode must be one of {', '.join(MODES)}; got {mode!r}")
+        if mode == "unaligned":
+            raise NotImplementedError(
+                "unaligned checkpoints are not implemented yet; use 'exactly_once' (aligned)"
+            )
+        _positive_int(retained, "retained")
+        if not timeout > 0:
+            raise ValueError(f"checkpoint timeout must be > 0 seconds, got {timeout!r}")
+        self.checkpoint_config = CheckpointConfig(
+            float(interval), os.fspath(directory), mode, retained, float(timeout)
+        )
+        return self
+
+    def set_restart_strategy(self, strategy: RestartStrategy) -> StreamEnvironment:
+        if not isinstance(strategy, RestartStrategy):
+            raise TypeError(f"set_restart_strategy needs an ef.RestartStrategy, got {strategy!r}")
+        self.restart_strategy = strategy
         return self
 
     def disable_operator_chaining(self) -> StreamEnvironment:
@@ -100,6 +143,11 @@ class StreamEnvironment:
         """One record per line; split over the source's parallel subtasks by byte range."""
         return self.from_source(TextFileSource(path, encoding))
 
+    def from_log(self, path: str | os.PathLike[str], *, bounded: bool = True) -> DataStream:
+        """Records of an :class:`ef.Log`, one source subtask per group of
+        partitions; positions are per-partition offsets."""
+        return self.from_source(LogSource(path, bounded=bounded))
+
     def from_async_iterable(self, aiterable: AsyncIterable[Any]) -> DataStream:
         """Records of an async iterator (not replayable: at-most-once)."""
         return self.from_source(AsyncIterableSource(aiterable), parallelism=1)
@@ -120,18 +168,84 @@ class StreamEnvironment:
             state_backend=self.state_backend,
         )
 
-    async def execute_async(self, job_name: str = "eddyflow job", restore: str | None = None
-                            ) -> JobResult:
+    def _storage(self) -> CheckpointStorage | None:
+        cfg = self.checkpoint_config
+        return CheckpointStorage(cfg.directory) if cfg is not None else None
+
+    def _resolve_restore(self, restore: str | os.PathLike[str] | None
+                         ) -> RestoredCheckpoint | None:
+        if restore is None:
+            return None
+        storage = self._storage()
+        if restore == "latest":
+            if storage is None:
+                return None  # nothing can have been checkpointed: a fresh start
+            found = storage.latest_valid()
+            return None if found is None else RestoredCheckpoint(storage, *found)
+        path = os.path.abspath(os.fspath(restore))
+        name = os.path.basename(path.rstrip("/"))
+        if not name.startswith("chk-") or not name[4:].isdigit():
+            raise ValueError(f"restore={restore!r}: expected 'latest' or a chk-<n> folder")
+        at = CheckpointStorage(os.path.dirname(path))
+        try:
+            meta = at.verify(int(name[4:]))
+        except CheckpointCorrupted as exc:
+            raise ValueError(f"cannot restore from {path}: {exc}") from exc
+        return RestoredCheckpoint(at, int(name[4:]), meta)
+
+    async def execute_async(self, job_name: str = "eddyflow job",
+                            restore: str | os.PathLike[str] | None = None) -> JobResult:
         """Run the job inside the running event loop; cancelling the awaiting
-        task cancels every task of the job."""
-        if restore not in (None, "latest"):
-            raise ValueError(
-                f"restore={restore!r}: restoring from a checkpoint path needs checkpointing, "
-                "which this environment does not have enabled"
-            )
+        task cancels every task of the job.
+
+        ``restore``: ``None`` (fresh start), ``"latest"`` (the latest complete
+        checkpoint in the checkpoint directory, or a fresh start if there is
+        none) or the path of a ``chk-<n>`` folder. Failures restart the job
+        from its latest complete checkpoint as the restart strategy allows.
+        """
         plan = self.plan()
-        runner = JobRunner(plan, self._runtime_config(), job_name)
-        return await runner.run()
+        config = self._runtime_config()
+        restored = self._resolve_restore(restore)
+        if restored is not None:
+            restored.check_compatible(plan)
+        storage = self._storage()
+        if storage is not None:
+            storage.ensure()
+            removed = storage.clean_incomplete()
+            if removed:
+                log.info("removed incomplete checkpoints %s", removed)
+        strategy = self.restart_strategy
+        restarts = 0
+        completed: list[int] = []
+        # A restart resumes from this execution's own checkpoints (or the one
+        # it was restored from), never from those of an earlier, unrelated run
+        # that happen to share the directory.
+        initial = restored  # may live in another directory than our own checkpoints
+        while True:
+            next_id = storage.next_id() if storage is not None else 1
+            runner = JobRunner(plan, config, job_name, checkpointing=self.checkpoint_config,
+                               restore=restored, next_checkpoint_id=next_id,
+                               completed_checkpoints=completed)
+            try:
+                result = await runner.run()
+            except JobFailed as exc:
+                completed = list(runner.coordinator.completed)
+                if restarts >= strategy.attempts:
+                    if restarts:
+                        exc.add_note(f"the job was restarted {restarts} times")
+                    raise
+                restarts += 1
+                log.warning("job '%s' failed (%s); restart %d of %d", job_name, exc,
+                            restarts, strategy.attempts)
+                await asyncio.sleep(strategy.delay)
+                restored = initial
+                if storage is not None:
+                    found = storage.latest_valid(among=completed)
+                    if found is not None:
+                        restored = RestoredCheckpoint(storage, *found)
+                continue
+            result.restarts = restarts
+            return result
 
     def execute(self, job_name: str = "eddyflow job", restore: str | None = None) -> JobResult:
         """Run the job to completion (blocking)."""

@@ -1,13 +1,23 @@
-"""``eddyflow run JOB.py``: run a job file's ``build(env)`` to completion and
-report what each operator did."""
+"""The ``eddyflow`` command line.
+
+``eddyflow run JOB.py`` runs a job file's ``build(env)`` to completion and
+reports what each operator did; ``eddyflow checkpoints DIR`` lists the
+completed checkpoints of a checkpoint directory, or shows one.
+"""
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
 import sys
+from typing import Any
 
 import click
+from rich.console import Console
+from rich.table import Table
 
+from eddyflow.checkpoints import CheckpointInfo, list_checkpoints
 from eddyflow.errors import JobFailed
 from eddyflow.jobfile import JobFileError, build_environment
 from eddyflow.result import JobResult
@@ -56,7 +66,83 @@ def run(job: str, restore: str | None, parallelism: int | None, name: str | None
     except JobFailed as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
+    except ValueError as exc:  # a restore that does not fit the job, a bad option
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
     click.echo(format_result(result), err=True)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    raise AssertionError
+
+
+def _operator_summary(info: CheckpointInfo) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for uid, op in info.operators.items():
+        entries = 0
+        size = 0
+        for part in op["subtasks"].values():
+            keyed = part.get("keyed")
+            if keyed:
+                entries += int(keyed.get("entries", 0))
+                size += int(keyed["file"]["size"])
+        out[uid] = {"kind": op["kind"], "parallelism": op["parallelism"],
+                    "state_entries": entries, "state_bytes": size}
+    return out
+
+
+def _as_json(info: CheckpointInfo) -> dict[str, Any]:
+    return {
+        "id": info.id, "path": info.path, "completed_at": info.completed_at,
+        "duration": info.duration, "alignment_duration": info.alignment_duration,
+        "checkpointed_size": info.checkpointed_size, "full_size": info.full_size,
+        "final": info.final, "operators": _operator_summary(info),
+    }
+
+
+@main.command()
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--show", type=int, default=None, metavar="N",
+              help="Print the metadata of checkpoint N.")
+def checkpoints(directory: str, as_json: bool, show: int | None) -> None:
+    """List the completed checkpoints in DIRECTORY (oldest first)."""
+    if not os.path.isdir(directory):
+        raise click.UsageError(f"{directory!r} is not a directory")
+    infos = list_checkpoints(directory)
+    if show is not None:
+        match = [i for i in infos if i.id == show]
+        if not match:
+            known = ", ".join(str(i.id) for i in infos) or "none"
+            click.echo(f"error: no completed checkpoint {show} in {directory} "
+                       f"(completed: {known})", err=True)
+            sys.exit(1)
+        click.echo(json.dumps(match[0].metadata, indent=2, sort_keys=True))
+        return
+    if as_json:
+        click.echo(json.dumps([_as_json(i) for i in infos], indent=2))
+        return
+    console = Console()
+    if not infos:
+        console.print(f"no completed checkpoints in {directory}")
+        return
+    table = Table(title=f"checkpoints in {directory}")
+    for col in ("id", "completed", "duration", "aligning", "written", "full", "keyed state"):
+        table.add_column(col, justify="left" if col in ("completed", "keyed state") else "right")
+    for i in infos:
+        ops = _operator_summary(i)
+        state = ", ".join(f"{uid}: {o['state_entries']:,}" for uid, o in ops.items()
+                          if o["state_bytes"]) or "-"
+        when = datetime.datetime.fromtimestamp(i.completed_at).strftime("%H:%M:%S")
+        table.add_row(f"{i.id}{'*' if i.final else ''}", when,
+                      f"{i.duration * 1000:.0f} ms", f"{i.alignment_duration * 1000:.1f} ms",
+                      _size(i.checkpointed_size), _size(i.full_size), state)
+    table.caption = "* final checkpoint (end of input); keyed state: entries per operator"
+    console.print(table)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,17 @@ class FileSink(Sink):
         if committables:
             _fsync_dir(self.path)
 
+    def recover(self, committed: list[Any]) -> None:
+        if not os.path.isdir(self.path):
+            return
+        self.commit(committed)
+        # Every other in-progress or prepared file belongs to a transaction
+        # that no completed checkpoint recorded: its records will be replayed.
+        for name in os.listdir(self.path):
+            if name.startswith(".part-") and name.endswith((".inprogress", ".pending")):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.path, name))
+
 
 class _FileWriter(SinkWriter):
     def __init__(self, sink: FileSink, subtask: int) -> None:

@@ -51,6 +51,11 @@ class Sink(ABC):
         """Make prepared transactions visible; called again after recovery, so
         committing an already committed transaction must be a no-op."""
 
+    def recover(self, committed: list[Any]) -> None:
+        """Before a (re)start: commit what the restored checkpoint recorded
+        and discard every other transaction left pending by an earlier attempt."""
+        self.commit(committed)
+
 
 class ListSink(Sink):
     """Collects committed records in memory; read ``.results`` after the run.
@@ -85,6 +90,11 @@ class ListSink(Sink):
                 records = self._staged.pop((subtask, txn), None)
                 if records is not None:  # None: committed already
                     self.results.extend(records)
+
+    def recover(self, committed: list[Any]) -> None:
+        self.commit(committed)
+        with self._lock:
+            self._staged.clear()
 
     def __repr__(self) -> str:
         return f"ListSink({len(self.results)} committed)"

@@ -17,6 +17,7 @@ from typing import Any
 
 from eddyflow.graph.dfs import EdgeKind, classify_edges
 from eddyflow.graph.logical import Edge, LogicalGraph, Node, Partitioning
+from eddyflow.graph.scc import strongly_connected_components
 
 __all__ = ["ChainSpec", "ExchangeSpec", "ExecutionPlan", "build_plan"]
 
@@ -43,6 +44,9 @@ class ExchangeSpec:
     partitioning: Partitioning  # never DEFAULT: resolved here
     key_fn: Callable[[Any], Any] | None
     back_edge: bool
+    #: Index into ``ExecutionPlan.loops`` when both ends are in the same loop:
+    #: its records count as in flight round that loop (termination).
+    loop: int | None = None
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,14 @@ class ExecutionPlan:
     chains: tuple[ChainSpec, ...]
     exchanges: tuple[ExchangeSpec, ...]
     chain_of: dict[int, int]  # node id -> chain index
+    #: The loops: strongly connected components that contain a cycle (node ids).
+    loops: tuple[frozenset[int], ...] = ()
+
+    def loop_of(self, node_id: int) -> int | None:
+        for i, loop in enumerate(self.loops):
+            if node_id in loop:
+                return i
+        return None
 
     @property
     def back_edges(self) -> tuple[Edge, ...]:
@@ -160,6 +172,19 @@ def build_plan(
     if missing:
         raise AssertionError(f"operators left out of every chain: {missing}")
 
+    components = strongly_connected_components(
+        [n.id for n in graph.nodes], [(e.source, e.target) for e in graph.edges]
+    )
+    self_loops = {e.source for e in graph.edges if e.source == e.target}
+    loops = tuple(
+        frozenset(c) for c in sorted(components, key=min) if len(c) > 1 or c[0] in self_loops
+    )
+    loop_index = {n: i for i, loop in enumerate(loops) for n in loop}
+
+    def loop_of_edge(e: Edge) -> int | None:
+        i = loop_index.get(e.source)
+        return i if i is not None and loop_index.get(e.target) == i else None
+
     exchanges = tuple(
         ExchangeSpec(
             edge_id=e.id,
@@ -170,6 +195,7 @@ def build_plan(
             partitioning=parts[e.id],
             key_fn=e.key_fn,
             back_edge=kinds[e.id] is EdgeKind.BACK,
+            loop=loop_of_edge(e),
         )
         for e in graph.edges
         if e.target not in chained_in or chained_in[e.target] is not e
@@ -182,4 +208,5 @@ def build_plan(
         chains=tuple(chains),
         exchanges=exchanges,
         chain_of=chain_of,
+        loops=loops,
     )

@@ -132,6 +132,20 @@ class InputGate:
             finally:
                 self._waiter = None
 
+    async def wait(self) -> None:
+        """Wait until an item arrives or someone wakes the gate (a loop's
+        in-flight count reaching zero); the caller polls again."""
+        if self.poll_ready():
+            return
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def poll_ready(self) -> bool:
+        return any(ch._items and not self.blocked[i] for i, ch in enumerate(self.channels))
+
     def block(self, index: int) -> None:
         self.blocked[index] = True
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EndOfInput", "RecordBatch", "Span", "merge_span"]
+__all__ = ["Barrier", "EndOfInput", "RecordBatch", "Span", "merge_span"]
 
 #: Where a batch's records were read: ``{source label: [first position,
 #: position after the last]}``. Kept per batch, not per record, so that an
@@ -49,3 +49,12 @@ class EndOfInput:
 
 
 END_OF_INPUT = EndOfInput()
+
+
+@dataclass(frozen=True, slots=True)
+class Barrier:
+    """Checkpoint barrier ``checkpoint_id``: records before it belong to the
+    checkpoint's stage, records after it to the next (DESIGN.md §2)."""
+
+    checkpoint_id: int
+    timestamp: float

@@ -6,17 +6,23 @@ and no coroutine outlives the job (DESIGN.md §7).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 
+from eddyflow.backedge.feedback import FeedbackChannel
 from eddyflow.errors import JobFailed
 from eddyflow.graph.logical import Partitioning
 from eddyflow.graph.plan import ExchangeSpec, ExecutionPlan
 from eddyflow.result import JobResult
 from eddyflow.runtime.channel import Channel, InputGate
-from eddyflow.runtime.operators import Operator, OperatorContext, SourceSpec
+from eddyflow.runtime.coordinator import CheckpointConfig, CheckpointCoordinator
+from eddyflow.runtime.events import RecordBatch
+from eddyflow.runtime.loops import LoopTracker
+from eddyflow.runtime.operators import Operator, OperatorContext, SinkSpec, SourceSpec
+from eddyflow.runtime.restore import RestoredCheckpoint
 from eddyflow.runtime.task import Task, TaskFailure
 from eddyflow.runtime.writers import (
     BroadcastWriter,
@@ -37,28 +43,59 @@ class RuntimeConfig:
     channel_capacity: int
     max_parallelism: int
     state_backend: StateBackend
+    feedback_memory: int = 1 << 16  # records a feedback channel keeps before spilling
 
 
 class JobRunner:
     """Runs one attempt of a job from its plan."""
 
-    def __init__(self, plan: ExecutionPlan, config: RuntimeConfig, job_name: str) -> None:
+    def __init__(
+        self,
+        plan: ExecutionPlan,
+        config: RuntimeConfig,
+        job_name: str,
+        *,
+        checkpointing: CheckpointConfig | None = None,
+        restore: RestoredCheckpoint | None = None,
+        next_checkpoint_id: int = 1,
+        completed_checkpoints: Sequence[int] = (),
+    ) -> None:
         self.plan = plan
         self.config = config
         self.job_name = job_name
+        self.restore = restore
         self.tasks: list[Task] = []
+        self.sinks = {
+            n.uid: n.payload.sink for n in plan.graph.nodes if isinstance(n.payload, SinkSpec)
+        }
+        self.coordinator = CheckpointCoordinator(
+            checkpointing, job_name, plan, self.sinks, next_checkpoint_id, completed_checkpoints
+        )
+        self._spawn: Any = None
+        self.loops = [LoopTracker(i) for i in range(len(plan.loops))]
+        self.feedback_channels: list[FeedbackChannel] = []
 
     def _channels(self, x: ExchangeSpec) -> dict[tuple[int, int], Channel]:
         """Channels of one exchange, by (upstream subtask, downstream subtask)."""
         p_up = self.plan.chains[x.source_chain].parallelism
         p_down = self.plan.chains[x.target_chain].parallelism
-        cap = None if x.back_edge else self.config.channel_capacity * self.config.batch_size
+        cap = self.config.channel_capacity * self.config.batch_size
         nodes = self.plan.graph.nodes
         name = f"{nodes[x.source_node].uid}->{nodes[x.target_node].uid}"
+
+        def make(label: str) -> Channel:
+            if not x.back_edge:
+                return Channel(label, cap)
+            # A back-edge always accepts (else a loop that multiplies records
+            # deadlocks), spilling to disk past a memory bound.
+            ch = FeedbackChannel(label, self.config.feedback_memory)
+            self.feedback_channels.append(ch)
+            return ch
+
         if x.partitioning is Partitioning.FORWARD:
-            return {(i, i): Channel(f"{name}[{i}]", cap) for i in range(p_up)}
+            return {(i, i): make(f"{name}[{i}]") for i in range(p_up)}
         return {
-            (i, j): Channel(f"{name}[{i}->{j}]", cap)
+            (i, j): make(f"{name}[{i}->{j}]")
             for i in range(p_up)
             for j in range(p_down)
         }
@@ -80,15 +117,33 @@ class JobRunner:
     def build(self) -> list[Task]:
         plan, cfg = self.plan, self.config
         inputs: dict[tuple[int, int], list[Channel]] = {}
+        regular: dict[tuple[int, int], list[bool]] = {}
+        in_loops: dict[tuple[int, int], list[LoopTracker | None]] = {}
+        entries: dict[tuple[int, int], list[LoopTracker | None]] = {}
+        heads: dict[tuple[int, int], LoopTracker] = {}
         outputs: dict[tuple[int, int], list[RecordWriter]] = {}
         for x in plan.exchanges:
             chans = self._channels(x)
             p_up = plan.chains[x.source_chain].parallelism
+            tracker = self.loops[x.loop] if x.loop is not None else None
+            target_loop = plan.loop_of(x.target_node)
+            entering = (self.loops[target_loop]
+                        if target_loop is not None and x.loop is None else None)
             for (_, j), ch in chans.items():
-                inputs.setdefault((x.target_chain, j), []).append(ch)
+                key = (x.target_chain, j)
+                inputs.setdefault(key, []).append(ch)
+                regular.setdefault(key, []).append(not x.back_edge)
+                in_loops.setdefault(key, []).append(tracker)
+                entries.setdefault(key, []).append(entering)
+                if entering is not None:
+                    entering.open_entries += 1
+                if x.back_edge and tracker is not None:
+                    heads[key] = tracker
             for i in range(p_up):
                 mine = [ch for (u, _), ch in sorted(chans.items()) if u == i]
-                outputs.setdefault((x.source_chain, i), []).append(self._writer(x, mine, i))
+                writer = self._writer(x, mine, i)
+                writer.tracker = tracker
+                outputs.setdefault((x.source_chain, i), []).append(writer)
 
         tasks = []
         for chain in plan.chains:
@@ -103,7 +158,9 @@ class JobRunner:
                     ops.append(node.payload.instantiate(ctx))
                 head = nodes[0]
                 common: dict[str, Any] = dict(
-                    batch_size=cfg.batch_size, buffer_timeout=cfg.buffer_timeout
+                    batch_size=cfg.batch_size, buffer_timeout=cfg.buffer_timeout,
+                    chain_index=chain.index, coordinator=self.coordinator,
+                    restore=self.restore, spawn=self._spawn_write,
                 )
                 writers = outputs.get((chain.index, s), [])
                 if head.is_source:
@@ -112,25 +169,86 @@ class JobRunner:
                     task = Task(chain.name, s, chain.parallelism, ops, writers,
                                 reader=reader, source_uid=head.uid, **common)
                 else:
-                    gate = InputGate(inputs.get((chain.index, s), []))
+                    key = (chain.index, s)
+                    gate = InputGate(inputs.get(key, []))
+                    loop = heads.get(key)
+                    if loop is not None:
+                        loop.heads.append(gate)
                     task = Task(chain.name, s, chain.parallelism, ops, writers, gate=gate,
-                                **common)
+                                regular_inputs=regular.get(key, []),
+                                input_loops=in_loops.get(key, []), head_of=loop,
+                                input_entries=entries.get(key, []), **common)
                 tasks.append(task)
         self.tasks = tasks
+        self.coordinator.attach(tasks)
         return tasks
+
+    def _spawn_write(self, fn: Any) -> None:
+        # Snapshot writes run in the job's task group: a failing write fails
+        # the job, and no write outlives it.
+        assert self._spawn is not None
+        self._spawn(fn)
+
+    def _recover_sinks(self) -> None:
+        """Commit what the restored checkpoint recorded (again: commits are
+        idempotent) and discard every other pending transaction."""
+        for uid, sink in self.sinks.items():
+            committed = self.restore.committables(uid) if self.restore is not None else []
+            sink.recover(committed)
+
+    async def _reinject_backedge_logs(self) -> None:
+        """Restore (DESIGN.md §3, step 4): the records logged on the back-edges
+        go back into the head's back-edge input before anything else."""
+        restored = self.restore
+        if restored is None:
+            return
+        for t in self.tasks:
+            if t.gate is None or t.head_of is None:
+                continue
+            head_uid = t.operators[0].uid
+            records = restored.backedge_records(head_uid, t.subtask, t.parallelism)
+            if not records:
+                continue
+            channel = next(i for i, r in enumerate(t.regular) if not r)
+            t.head_of.in_flight += len(records)
+            await t.gate.channels[channel].put(RecordBatch(records))
 
     async def run(self) -> JobResult:
         started = time.monotonic()
+        self._recover_sinks()
         tasks = self.build()
+        await self._reinject_backedge_logs()
+        coordinator = self.coordinator
         try:
-            async with anyio.create_task_group() as tg:
-                for t in tasks:
-                    tg.start_soon(t.run, name=f"{t.name}[{t.subtask}]")
+            async with anyio.create_task_group() as outer:
+                self._spawn = outer.start_soon
+                periodic = anyio.CancelScope()
+
+                async def trigger_periodically() -> None:
+                    with periodic:
+                        await coordinator.run_periodic()
+
+                outer.start_soon(trigger_periodically, name="checkpoint-coordinator")
+                async with anyio.create_task_group() as tg:
+                    for t in tasks:
+                        tg.start_soon(t.run, name=f"{t.name}[{t.subtask}]")
+                # Every task is done. Stop triggering; the outer group still
+                # waits for the final checkpoint's writes and commit.
+                coordinator.stop()
+                periodic.cancel()
         except BaseExceptionGroup as group:
+            self._close_feedback()
             failed = self._job_failed(group)
             # Chain the root cause, not the task group's ExceptionGroup.
             raise failed from failed.__cause__
+        finally:
+            self._close_feedback()
         return self.result(time.monotonic() - started)
+
+    def _close_feedback(self) -> None:
+        for ch in self.feedback_channels:
+            ch.close()
+
 
     def _job_failed(self, group: BaseExceptionGroup[Any]) -> BaseException:
         leaves: list[BaseException] = []
@@ -173,4 +291,6 @@ class JobRunner:
                     merged = state.setdefault(op.uid, {})
                     for name, table in backend.tables().items():
                         merged.setdefault(name, {}).update(table)
-        return JobResult(self.job_name, duration, rin, rout, final_state=state)
+        return JobResult(self.job_name, duration, rin, rout,
+                         completed_checkpoints=sorted(self.coordinator.completed),
+                         final_state=state)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import itertools
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from eddyflow.connectors.sink import Sink, SinkWriter
@@ -28,6 +28,7 @@ from eddyflow.state.backend import KeyedStateBackend, StateBackend
 __all__ = [
     "FilterSpec",
     "FlatMapSpec",
+    "IterationHeadSpec",
     "KeyedCountSpec",
     "KeyedProcessSpec",
     "KeyedReduceSpec",
@@ -36,6 +37,7 @@ __all__ = [
     "MapWithStateSpec",
     "Operator",
     "OperatorContext",
+    "OperatorSnapshot",
     "SinkSpec",
     "SourceSpec",
 ]
@@ -60,6 +62,18 @@ class OperatorContext:
         )
 
 
+@dataclass
+class OperatorSnapshot:
+    """The synchronous-phase result of one operator's snapshot."""
+
+    #: Frozen keyed state: state name -> (kind, table copy).
+    keyed: dict[str, tuple[str, dict[Any, Any]]] | None = None
+    #: Prepared, not yet committed sink transactions.
+    committables: list[Any] = field(default_factory=list)
+    #: The keyed backend frozen, for its key -> key group cache.
+    backend: KeyedStateBackend | None = None
+
+
 class Operator:
     """One operator of a chain, for one subtask."""
 
@@ -67,6 +81,8 @@ class Operator:
     one_to_one = False
     #: No state and no side effects: safe to re-run to locate a failure.
     pure = False
+    #: Holds keyed state (restored by key group).
+    keyed = False
 
     def __init__(self, ctx: OperatorContext) -> None:
         self.ctx = ctx
@@ -104,6 +120,20 @@ class Operator:
 
     def abort(self) -> None:
         """The job is failing: discard uncommitted work."""
+
+    # -- checkpoints -------------------------------------------------------
+
+    def snapshot(self, checkpoint_id: int) -> OperatorSnapshot | None:
+        """The synchronous phase of checkpoint ``checkpoint_id``: cheap, and
+        consistent with every record before the barrier and none after."""
+        return None
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` is durable (its metadata is written)."""
+
+    def restore_keyed(self, kinds: dict[str, str],
+                      entries: Iterable[tuple[str, Any, Any]]) -> None:
+        raise TypeError(f"operator '{self.uid}' has no keyed state to restore")
 
 
 # -- stateless ---------------------------------------------------------------
@@ -145,6 +175,23 @@ class _FlatMap(_PureOperator):
         return list(itertools.chain.from_iterable(map(self.fn, batch)))
 
 
+class _Identity(Operator):
+    one_to_one = True
+    pure = True
+
+    def process(self, batch: list[Any]) -> list[Any]:
+        return batch
+
+
+@dataclass(frozen=True)
+class IterationHeadSpec:
+    """The head of a loop (``ds.iterate()``): passes on both the records that
+    enter the loop and those fed back by ``close_with``."""
+
+    def instantiate(self, ctx: OperatorContext) -> Operator:
+        return _Identity(ctx)
+
+
 @dataclass(frozen=True)
 class MapSpec:
     fn: Callable[[Any], Any]
@@ -173,6 +220,8 @@ class FlatMapSpec:
 
 
 class _Keyed(Operator):
+    keyed = True
+
     def _failed(self, batch: list[Any], index: int, exc: Exception, key: Any) -> None:
         """Record where a batch failed; name an unhashable key for what it is."""
         self.failed_index = index
@@ -200,6 +249,15 @@ class _Keyed(Operator):
     def close(self) -> None:
         if self.backend is not None:
             self.backend.close()
+
+    def snapshot(self, checkpoint_id: int) -> OperatorSnapshot | None:
+        assert self.backend is not None
+        return OperatorSnapshot(keyed=self.backend.freeze(), backend=self.backend)
+
+    def restore_keyed(self, kinds: dict[str, str],
+                      entries: Iterable[tuple[str, Any, Any]]) -> None:
+        assert self.backend is not None
+        self.backend.restore(kinds, entries)
 
 
 class _Count(_Keyed):
@@ -435,10 +493,17 @@ class SourceSpec:
 
 
 class _SinkOperator(Operator):
+    """Two-phase commit (DESIGN.md §4): the barrier prepares the pending
+    transaction; the coordinator commits what a completed checkpoint
+    recorded. A prepared transaction whose checkpoint was aborted stays
+    pending and rides along with the next checkpoint."""
+
     def __init__(self, ctx: OperatorContext, sink: Sink) -> None:
         super().__init__(ctx)
         self.sink = sink
         self.writer: SinkWriter | None = None
+        self.pending: list[Any] = []
+        self._recorded: dict[int, list[Any]] = {}
 
     def open(self) -> None:
         self.writer = self.sink.create_writer(self.ctx.subtask, self.ctx.parallelism)
@@ -448,14 +513,20 @@ class _SinkOperator(Operator):
         self.writer.write(batch)
         return []
 
-    def end_input(self) -> list[Any]:
-        # Without checkpointing the end of input is the one commit point.
-        # (With checkpointing, the coordinator's final checkpoint does this.)
+    def snapshot(self, checkpoint_id: int) -> OperatorSnapshot | None:
         assert self.writer is not None
-        committable = self.writer.prepare_commit(-1)
+        committable = self.writer.prepare_commit(checkpoint_id)
         if committable is not None:
-            self.sink.commit([committable])
-        return []
+            self.pending.append(committable)
+        self._recorded[checkpoint_id] = list(self.pending)
+        return OperatorSnapshot(committables=list(self.pending))
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        done: list[Any] = []
+        for n in [n for n in self._recorded if n <= checkpoint_id]:
+            done.extend(self._recorded.pop(n))
+        if done:
+            self.pending = [c for c in self.pending if c not in done]
 
     def abort(self) -> None:
         if self.writer is not None:

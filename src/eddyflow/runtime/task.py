@@ -7,6 +7,15 @@ or nothing is left to read. Output is flushed when the input runs dry or
 when the oldest buffered record is older than the buffer timeout, so a slow
 trickle still flows without a timer coroutine per task.
 
+Checkpoints (DESIGN.md §2): a source task emits barrier ``n`` between two
+batches when the coordinator triggers it, recording its reader's position; a
+task with inputs aligns barrier ``n`` over its regular inputs (blocking each
+input that delivered it, in ``exactly_once`` and ``synchronous`` mode), then
+takes the synchronous phase of its snapshot, forwards the barrier, unblocks,
+and writes the snapshot asynchronously while records flow again; the write
+acknowledges to the coordinator. At the end of its input a task snapshots its
+final state for the final checkpoint before it sends end-of-input on.
+
 A failure inside an operator is turned into a :class:`TaskFailure` that
 names the operator, the subtask, the record and the source position it came
 from, traced back through the chain (see ``Operator.output_counts``).
@@ -16,15 +25,30 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from eddyflow.backedge.log import write_backedge_log
 from eddyflow.connectors.source import SourceReader
+from eddyflow.keygroups import key_group_range
 from eddyflow.runtime.channel import InputGate
-from eddyflow.runtime.events import END_OF_INPUT, EndOfInput, RecordBatch, Span
-from eddyflow.runtime.operators import Operator
+from eddyflow.runtime.coordinator import TaskSnapshot
+from eddyflow.runtime.events import END_OF_INPUT, Barrier, EndOfInput, RecordBatch, Span
+from eddyflow.runtime.faults import fault_point
+from eddyflow.runtime.loops import LoopTracker
+from eddyflow.runtime.operators import Operator, OperatorSnapshot
 from eddyflow.runtime.writers import KeyRoutingError, RecordWriter
+from eddyflow.state.snapshot import write_keyed_state
+from eddyflow.state.storage import FileHandle
+
+if TYPE_CHECKING:
+    from eddyflow.runtime.coordinator import CheckpointCoordinator
+    from eddyflow.runtime.restore import RestoredCheckpoint
+
+Spawn = Callable[[Callable[[], Awaitable[None]]], None]
 
 __all__ = ["Task", "TaskFailure"]
 
@@ -37,6 +61,25 @@ class TaskFailure(Exception):
         self.operator = operator
         self.subtask = subtask
         self.position = position
+
+
+@dataclass
+class _Alignment:
+    barrier: Barrier
+    started: float
+    seen: set[int] = field(default_factory=set)
+
+
+@dataclass
+class _BackEdgeLog:
+    """A loop head's log for checkpoint ``checkpoint_id``: what arrives on its
+    back-edge inputs after its snapshot until the barrier comes back round
+    the loop on each of them (DESIGN.md §3, step 3)."""
+
+    checkpoint_id: int
+    waiting: set[int]  # back-edge channels whose barrier has not come back
+    records: dict[int, list[Any]]
+    write: Callable[[dict[int, list[Any]]], Awaitable[None]]
 
 
 class Task:
@@ -53,9 +96,41 @@ class Task:
         source_uid: str | None = None,
         batch_size: int = 1024,
         buffer_timeout: float = 0.01,
+        chain_index: int = 0,
+        coordinator: CheckpointCoordinator | None = None,
+        regular_inputs: list[bool] | None = None,
+        restore: RestoredCheckpoint | None = None,
+        spawn: Spawn | None = None,
+        input_loops: list[LoopTracker | None] | None = None,
+        head_of: LoopTracker | None = None,
+        input_entries: list[LoopTracker | None] | None = None,
     ) -> None:
         if (gate is None) == (reader is None):
             raise ValueError("a task reads either from a gate or from a source reader")
+        self.chain_index = chain_index
+        self.coordinator = coordinator
+        self.restore = restore
+        self.spawn = spawn
+        n_in = len(gate.channels) if gate is not None else 0
+        self.regular = regular_inputs if regular_inputs is not None else [True] * n_in
+        self._ended = [False] * n_in
+        # Loops: which loop each input channel lies in (its records count as in
+        # flight round it), and the loop this task ends if it is a loop head
+        # (it has back-edge inputs).
+        self.input_loops = input_loops if input_loops is not None else [None] * n_in
+        self.head_of = head_of
+        # The loop each input channel enters from outside, if any.
+        self.input_entries = input_entries if input_entries is not None else [None] * n_in
+        self._backlog: _BackEdgeLog | None = None
+        # Back-edge channels on which barrier n came back before this head
+        # took snapshot n (possible with parallel loops: a tail subtask may
+        # depend on other head subtasks only). Blocked until the snapshot.
+        self._early: dict[int, set[int]] = {}
+        self._align: _Alignment | None = None
+        self._done_id = 0  # highest checkpoint this task aligned, aborted or skipped
+        self._trigger: Barrier | None = None
+        self._trigger_wakeup: asyncio.Future[None] | None = None
+        self._source_done = False
         self.name = name
         self.subtask = subtask
         self.parallelism = parallelism
@@ -96,10 +171,14 @@ class Task:
             return
         for w in self.writers:
             try:
-                full = w.add(records, span)
+                w.add(records, span)
             except KeyRoutingError as exc:
                 raise self._routing_failure(exc, w, stages_in) from exc.__cause__
-            if full:
+            tracker = w.tracker
+            if tracker is not None:
+                tracker.in_flight += len(records) * w.copies
+        for w in self.writers:
+            if w.full:
                 await w.send_full()
         if not self._dirty_since:
             self._dirty_since = time.monotonic()
@@ -200,12 +279,14 @@ class Task:
         try:
             for op in self.operators:
                 op.open()
+            if self.restore is not None:
+                self._restore(self.restore)
             if self.reader is not None:
                 await self._run_source(self.reader)
+                await self._end_of_input()
             else:
                 assert self.gate is not None
                 await self._run_gate(self.gate)
-            await self._end_of_input()
             self.finished = True
         except BaseException:
             for op in self.operators:
@@ -218,51 +299,376 @@ class Task:
                 with anyio.CancelScope(shield=True):
                     await self.reader.close()
 
+    def _source_failure(self, exc: BaseException, reader: SourceReader) -> TaskFailure:
+        where = f"{self.source_label} at {reader.describe_position(reader.position())}"
+        return TaskFailure(self._describe(f"source '{self.source_uid}'", exc, _NO_RECORD, where),
+                           str(self.source_uid), self.subtask, where)
+
     async def _run_source(self, reader: SourceReader) -> None:
         size = self.batch_size
         label = self.source_label
-        while True:
-            start = reader.position()
-            try:
-                batch = await reader.read_batch(size)
-            except Exception as exc:
-                where = f"{label} at {reader.describe_position(reader.position())}"
-                raise TaskFailure(self._describe(f"source '{self.source_uid}'", exc, _NO_RECORD,
-                                                 where), str(self.source_uid), self.subtask,
-                                  where) from exc
-            if batch is None:
-                return
-            if batch:
-                self.records_read += len(batch)
-                span = {label: [start, reader.position()]}
-                self._current_span = span
-                await self._process_input(batch, span)
-            if len(batch) < size:
-                # The source has nothing more right now: let what we have go.
-                await self._flush()
-            else:
-                await self._maybe_flush()
-            # A source that never blocks must still let the rest of the job
-            # (and the embedding program) run.
-            await asyncio.sleep(0)
+        # A reader that may wait for data (an async iterator, a log tail) is
+        # read in a future of its own, so a checkpoint trigger is not held up
+        # by a quiet source.
+        may_block = bool(getattr(reader, "may_block", False))
+        pending: asyncio.Future[list[Any] | None] | None = None
+        start = reader.position()
+        try:
+            while True:
+                # A batch already read belongs before the barrier: its
+                # records are counted in the reader's position.
+                if self._trigger is not None and (pending is None or not pending.done()):
+                    await self._inject_barrier(reader)
+                    continue
+                if may_block:
+                    if pending is None:
+                        pending = asyncio.ensure_future(reader.read_batch(size))
+                    if not pending.done():
+                        wake = self._trigger_wakeup = asyncio.get_running_loop().create_future()
+                        try:
+                            await asyncio.wait((pending, wake),
+                                               return_when=asyncio.FIRST_COMPLETED)
+                        finally:
+                            self._trigger_wakeup = None
+                        if not pending.done():
+                            continue  # a trigger came first
+                    fut, pending = pending, None
+                    try:
+                        batch = fut.result()
+                    except Exception as exc:
+                        raise self._source_failure(exc, reader) from exc
+                else:
+                    try:
+                        batch = await reader.read_batch(size)
+                    except Exception as exc:
+                        raise self._source_failure(exc, reader) from exc
+                if batch is None:
+                    break
+                end = reader.position()
+                if batch:
+                    self.records_read += len(batch)
+                    span = {label: [start, end]}
+                    self._current_span = span
+                    await self._process_input(batch, span)
+                start = end
+                if len(batch) < size:
+                    # The source has nothing more right now: let what we have go.
+                    await self._flush()
+                else:
+                    await self._maybe_flush()
+                # A source that never blocks must still let the rest of the
+                # job (and the embedding program) run.
+                await asyncio.sleep(0)
+            while self._trigger is not None:  # triggered just before the end
+                await self._inject_barrier(reader)
+            self._source_done = True
+        finally:
+            if pending is not None and not pending.done():
+                pending.cancel()
+                await asyncio.gather(pending, return_exceptions=True)
+
+    def trigger_barrier(self, barrier: Barrier) -> bool:
+        """Coordinator: emit ``barrier`` at the next batch boundary. False if
+        this source has finished and can emit no barrier any more."""
+        if self._source_done:
+            return False
+        self._trigger = barrier
+        wake = self._trigger_wakeup
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+        return True
+
+    async def _inject_barrier(self, reader: SourceReader) -> None:
+        barrier, self._trigger = self._trigger, None
+        assert barrier is not None
+        self._done_id = max(self._done_id, barrier.checkpoint_id)
+        await self._checkpoint(barrier, position=reader.position())
+        coordinator = self.coordinator
+        if coordinator is not None and coordinator.synchronous:
+            await coordinator.wait_resumed()  # stop the world until it completes
+
+    def _loop_is_empty(self) -> bool:
+        head = self.head_of
+        return head is not None and head.empty
 
     async def _run_gate(self, gate: InputGate) -> None:
-        remaining = len(gate.channels)
-        while remaining:
+        regular_left = sum(1 for r in self.regular if r)
+        back_left = len(gate.channels) - regular_left
+        ended = False
+        while regular_left or back_left:
+            if not ended and self._loop_is_empty():
+                # A loop head: its input is exhausted and nothing is left
+                # anywhere in its loop. End, which ends the loop body in turn;
+                # then drain the back-edges until their end-of-input.
+                ended = True
+                await self._end_of_input()
+                continue
             got = gate.poll()
             if got is None:
                 await self._flush()
-                got = await gate.get()
-            _, item = got
-            if type(item) is RecordBatch:
+                if not ended and self._loop_is_empty():
+                    continue
+                await gate.wait()
+                continue
+            i, item = got
+            kind = type(item)
+            if kind is RecordBatch:
+                backlog = self._backlog
+                if backlog is not None and i in backlog.waiting:
+                    backlog.records[i].extend(item)
                 self._current_span = item.span
                 await self._process_input(item, item.span)
+                tracker = self.input_loops[i]
+                if tracker is not None:
+                    tracker.consumed(len(item))
                 await self._maybe_flush()
                 await asyncio.sleep(0)
-            elif isinstance(item, EndOfInput):
-                remaining -= 1
+            elif kind is Barrier:
+                if self.regular[i]:
+                    await self._on_barrier(gate, i, item)
+                else:
+                    self._on_back_edge_barrier(i, item, gate)
+            elif kind is EndOfInput:
+                self._ended[i] = True
+                entry = self.input_entries[i]
+                if entry is not None:
+                    entry.entry_ended()
+                if self.regular[i]:
+                    regular_left -= 1
+                    if self._align is not None:
+                        await self._check_aligned(gate)
+                else:
+                    back_left -= 1
+                    self._on_back_edge_barrier(i, None)
             else:
                 raise TypeError(f"task {self.name}: unexpected item on a channel: {item!r}")
+        if not ended:
+            await self._end_of_input()
+
+    def _on_back_edge_barrier(self, channel: int, barrier: Barrier | None,
+                              gate: InputGate | None = None) -> None:
+        """Barrier ``n`` came back round the loop on a back-edge (or the
+        back-edge ended): stop logging it; once all have, write the log."""
+        backlog = self._backlog
+        if (barrier is not None and barrier.checkpoint_id > self._done_id
+                and (backlog is None or barrier.checkpoint_id != backlog.checkpoint_id)):
+            # Back before this head's own snapshot n: what follows on this
+            # channel is after the barrier, so it must wait (exactly-once)
+            # and nothing on it belongs to n's back-edge log.
+            self._early.setdefault(barrier.checkpoint_id, set()).add(channel)
+            coordinator = self.coordinator
+            if gate is not None and (coordinator is None or coordinator.mode != "at_least_once"):
+                gate.block(channel)
+            return
+        if backlog is None or channel not in backlog.waiting:
+            return
+        if barrier is not None and barrier.checkpoint_id != backlog.checkpoint_id:
+            return  # a stale barrier of an aborted checkpoint
+        backlog.waiting.discard(channel)
+        if not backlog.waiting:
+            self._backlog = None
+            log = backlog.records
+
+            async def write() -> None:
+                await backlog.write(log)
+
+            if self.spawn is not None:
+                self.spawn(write)
+
+    async def _on_barrier(self, gate: InputGate, channel: int, barrier: Barrier) -> None:
+        n = barrier.checkpoint_id
+        al = self._align
+        if al is not None and n > al.barrier.checkpoint_id:
+            # A newer barrier: the checkpoint being aligned was aborted.
+            self._cancel_alignment(gate)
+            al = None
+        if al is None:
+            if n <= self._done_id:
+                return  # late barrier of an aborted checkpoint
+            al = self._align = _Alignment(barrier, time.monotonic())
+        elif n < al.barrier.checkpoint_id:
+            return
+        al.seen.add(channel)
+        coordinator = self.coordinator
+        if coordinator is None or coordinator.mode != "at_least_once":
+            gate.block(channel)
+        await self._check_aligned(gate)
+        if self._align is al:
+            fault_point("task.aligning")
+
+    async def _check_aligned(self, gate: InputGate) -> None:
+        al = self._align
+        assert al is not None
+        for i in range(len(gate.channels)):
+            if self.regular[i] and not self._ended[i] and i not in al.seen:
+                return
+        self._align = None
+        self._done_id = max(self._done_id, al.barrier.checkpoint_id)
+        await self._checkpoint(al.barrier, alignment=time.monotonic() - al.started)
+        gate.unblock_all()
+
+    def _cancel_alignment(self, gate: InputGate) -> None:
+        al, self._align = self._align, None
+        if al is not None:
+            self._done_id = max(self._done_id, al.barrier.checkpoint_id)
+            gate.unblock_all()
+
+    def abort_checkpoint(self, checkpoint_id: int) -> None:
+        """Coordinator: checkpoint ``checkpoint_id`` was aborted."""
+        if self._trigger is not None and self._trigger.checkpoint_id == checkpoint_id:
+            self._trigger = None
+        if self._backlog is not None and self._backlog.checkpoint_id == checkpoint_id:
+            self._backlog = None
+        if self._early.pop(checkpoint_id, None) and self.gate is not None:
+            self.gate.unblock_all()
+        al = self._align
+        if al is not None and al.barrier.checkpoint_id == checkpoint_id and self.gate is not None:
+            self._cancel_alignment(self.gate)
+        self._done_id = max(self._done_id, checkpoint_id)
+
+    def describe_state(self) -> str:
+        """What this task is doing about checkpoints, for a timeout report."""
+        parts = []
+        if self._trigger is not None:
+            parts.append(f"barrier {self._trigger.checkpoint_id} not yet emitted")
+        al = self._align
+        if al is not None:
+            missing = [self.gate.channels[i].name for i in range(len(self.regular))
+                       if self.regular[i] and not self._ended[i] and i not in al.seen
+                       ] if self.gate is not None else []
+            parts.append(f"aligning {al.barrier.checkpoint_id}, waiting on {missing}")
+        if self._backlog is not None and self.gate is not None:
+            waiting = [self.gate.channels[i].name for i in sorted(self._backlog.waiting)]
+            parts.append(f"logging back-edges for {self._backlog.checkpoint_id}, "
+                         f"waiting on {waiting}")
+        if self.gate is not None:
+            queued = {ch.name: len(ch) for ch in self.gate.channels if len(ch)}
+            blocked = [ch.name for i, ch in enumerate(self.gate.channels) if self.gate.blocked[i]]
+            if queued:
+                parts.append(f"queued {queued}")
+            if blocked:
+                parts.append(f"blocked {blocked}")
+        if self.finished:
+            parts.append("finished")
+        return f"{self.name}[{self.subtask}]: " + ("; ".join(parts) or "idle")
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        for op in self.operators:
+            op.notify_checkpoint_complete(checkpoint_id)
+
+    # -- snapshots -----------------------------------------------------------
+
+    async def _checkpoint(self, barrier: Barrier, *, alignment: float = 0.0,
+                          position: Any = None, forward: bool = True) -> None:
+        n = barrier.checkpoint_id
+        coordinator = self.coordinator
+        if coordinator is None:
+            return
+        t0 = time.monotonic()
+        # Without storage (no checkpointing) only the sinks' transactions
+        # matter: freezing keyed state would be wasted work.
+        stored = coordinator.storage is not None
+        snaps = {op.uid: op.snapshot(n) for op in self.operators if stored or not op.keyed}
+        sync_duration = time.monotonic() - t0
+
+        async def write(backlog: dict[int, list[Any]] | None = None) -> None:
+            await self._write_and_ack(n, snaps, position, alignment, sync_duration, backlog)
+
+        early = self._early.pop(n, set())
+        for old in [k for k in self._early if k < n]:
+            del self._early[old]
+        back_edges = [i for i, r in enumerate(self.regular)
+                      if not r and not self._ended[i] and i not in early]
+        if forward and back_edges and stored:
+            # A loop head: forward the barrier now; the snapshot is written
+            # once the barrier has come back on every back-edge, with the
+            # records logged meanwhile.
+            self._backlog = _BackEdgeLog(n, set(back_edges), {i: [] for i in back_edges},
+                                         write)
+            for w in self.writers:
+                await w.emit_event(barrier)
+            return
+        if coordinator.synchronous or self.spawn is None:
+            await write()
+            if forward:
+                for w in self.writers:
+                    await w.emit_event(barrier)
+        else:
+            if forward:
+                for w in self.writers:
+                    await w.emit_event(barrier)
+            self.spawn(write)
+
+    async def _write_and_ack(self, n: int, snaps: dict[str, OperatorSnapshot | None],
+                             position: Any, alignment: float, sync_duration: float,
+                             backlog: dict[int, list[Any]] | None = None) -> None:
+        try:
+            await self._write_and_ack_now(n, snaps, position, alignment, sync_duration, backlog)
+        except OSError:
+            coordinator = self.coordinator
+            if coordinator is not None and coordinator.is_aborted(n):
+                return  # the abort removed the folder under our write: nothing lost
+            raise
+
+    async def _write_and_ack_now(self, n: int, snaps: dict[str, OperatorSnapshot | None],
+                                 position: Any, alignment: float, sync_duration: float,
+                                 backlog: dict[int, list[Any]] | None) -> None:
+        coordinator = self.coordinator
+        assert coordinator is not None
+        storage = coordinator.storage
+        t0 = time.monotonic()
+        parts: dict[str, dict[str, Any]] = {}
+        files: list[FileHandle] = []
+        if self.source_uid is not None:
+            parts[self.source_uid] = {"source": position}
+        if storage is not None:
+            fault_point("snapshot.async_write")
+        mp = coordinator.plan.max_parallelism
+        for uid, snap in snaps.items():
+            part: dict[str, Any] = {}
+            if snap is not None:
+                if snap.keyed is not None and storage is not None:
+                    rel = f"chk-{n}/{uid}-{self.subtask}/keyed-state"
+                    cache = snap.backend.key_group_cache if snap.backend is not None else None
+                    handle, index, groups = await write_keyed_state(
+                        storage, rel, snap.keyed, mp, cache)
+                    if snap.backend is not None:
+                        snap.backend.key_group_cache = groups
+                    files.append(handle)
+                    part["keyed"] = {
+                        "file": handle.to_json(),
+                        "index": index,
+                        "kinds": {name: kind for name, (kind, _) in snap.keyed.items()},
+                        "entries": sum(len(t) for _, t in snap.keyed.values()),
+                    }
+                if snap.committables:
+                    part["committables"] = snap.committables
+            parts[uid] = part
+        if backlog is not None and storage is not None:
+            # The back-edge log belongs to the head operator, first in this task.
+            head = self.operators[0].uid
+            rel = f"chk-{n}/{head}-{self.subtask}/backedge-log"
+            handle = await write_backedge_log(storage, rel, backlog)
+            files.append(handle)
+            parts.setdefault(head, {})["backedge"] = {
+                "file": handle.to_json(),
+                "records": sum(len(r) for r in backlog.values()),
+            }
+        await coordinator.acknowledge(self, n, TaskSnapshot(
+            parts, files, alignment, sync_duration, time.monotonic() - t0))
+
+    def _restore(self, restored: RestoredCheckpoint) -> None:
+        for op in self.operators:
+            if op.keyed:
+                c = op.ctx
+                groups = key_group_range(c.subtask, c.max_parallelism, c.parallelism)
+                kinds, entries = restored.keyed_state(op.uid, groups)
+                op.restore_keyed(kinds, entries)
+        if self.reader is not None:
+            assert self.source_uid is not None
+            pos = restored.source_position(self.source_uid, self.subtask, self.parallelism)
+            if pos is not None:
+                self.reader.seek(pos)
 
     async def _end_of_input(self) -> None:
         self._current_span = None
@@ -276,6 +682,14 @@ class Task:
             if extra:
                 out = self._run_chain(extra, k + 1)
                 await self._emit(out, None, [])
+        coordinator = self.coordinator
+        if coordinator is not None:
+            # The end of input is a final checkpoint: snapshot the final
+            # state, but do not send a barrier: end-of-input is the barrier.
+            n = coordinator.final_checkpoint_id()
+            position = self.reader.position() if self.reader is not None else None
+            await self._flush()
+            await self._checkpoint(Barrier(n, time.time()), position=position, forward=False)
         for w in self.writers:
             await w.emit_event(END_OF_INPUT)
         self._dirty_since = 0.0

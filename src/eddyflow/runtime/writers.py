@@ -44,6 +44,10 @@ class RecordWriter:
         self.buffers = [RecordBatch() for _ in channels]
         self.full = False
         self.dirty_since = 0.0  # monotonic time of the oldest unflushed record, 0 if none
+        #: The loop this edge lies in (its records count as in flight), if any.
+        self.tracker: Any = None
+        #: How many channels each record goes to (broadcast: all of them).
+        self.copies = 1
 
     def add(self, records: list[Any], span: Span | None) -> bool:
         raise NotImplementedError
@@ -108,6 +112,10 @@ class RebalanceWriter(RecordWriter):
 
 
 class BroadcastWriter(RecordWriter):
+    def __init__(self, channels: list[Channel], batch_size: int, label: str) -> None:
+        super().__init__(channels, batch_size, label)
+        self.copies = len(channels)
+
     def add(self, records: list[Any], span: Span | None) -> bool:
         size = self.batch_size
         for buf in self.buffers:

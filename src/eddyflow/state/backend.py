@@ -12,7 +12,7 @@ has; the RocksDB backend will hand out tables with the same mapping methods
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from eddyflow.keygroups import key_group_for
@@ -31,6 +31,13 @@ class KeyedStateBackend(ABC):
         self.max_parallelism = max_parallelism
         self.current_key: Any = None
         self._kinds: dict[str, str] = {}
+        # Keys whose mutable value (list, dict) was copied since the last
+        # freeze: a frozen snapshot shares the value objects of the live
+        # table, so the first in-place change after a freeze must copy.
+        self.fresh: dict[str, set[Any]] = {}
+        # key -> key group, kept from one snapshot to the next so that only
+        # new keys are hashed when state is grouped for writing.
+        self.key_group_cache: dict[Any, int] = {}
 
     def declare(self, name: str, kind: str) -> StateTable:
         """The table of state ``name``; one name, one kind of state."""
@@ -40,7 +47,33 @@ class KeyedStateBackend(ABC):
                 f"operator '{self.operator}': state '{name}' is already declared as {known} "
                 f"state, not {kind} state"
             )
+        self.fresh.setdefault(name, set())
         return self._table(name)
+
+    @property
+    def kinds(self) -> dict[str, str]:
+        """State name -> kind (value, list, map, reducing)."""
+        return dict(self._kinds)
+
+    def freeze(self) -> dict[str, tuple[str, dict[Any, Any]]]:
+        """The synchronous phase of a snapshot: a consistent view of every
+        table that later writes do not change. Shallow copies are enough,
+        because values are either immutable or copied on their first
+        in-place change after this call (see ``fresh``)."""
+        frozen = {name: (self._kinds[name], dict(table)) for name, table in self.tables().items()}
+        for keys in self.fresh.values():
+            keys.clear()
+        return frozen
+
+    def restore(self, kinds: dict[str, str], entries: Iterable[tuple[str, Any, Any]]) -> int:
+        """Load ``(state, key, value)`` entries from a snapshot; returns how many."""
+        n = 0
+        for name, kind in kinds.items():
+            self.declare(name, kind)
+        for name, key, value in entries:
+            self._table(name)[key] = value
+            n += 1
+        return n
 
     @abstractmethod
     def _table(self, name: str) -> StateTable: ...

@@ -24,11 +24,12 @@ _MISSING: Any = object()
 
 
 class _Handle:
-    __slots__ = ("_backend", "_table", "name")
+    __slots__ = ("_backend", "_fresh", "_table", "name")
 
     def __init__(self, backend: KeyedStateBackend, name: str, kind: str) -> None:
         self._backend = backend
         self._table = backend.declare(name, kind)
+        self._fresh = backend.fresh[name]
         self.name = name
 
     def _key(self) -> Any:
@@ -74,17 +75,24 @@ class ListState(_Handle, Generic[T]):
     def __iter__(self) -> Iterator[T]:
         return iter(self.get())
 
-    def add(self, v: T) -> None:
-        key = self._backend.current_key
+    def _mutable(self, key: Any) -> list[T]:
         items = self._table.get(key)
         if items is None:
             items = []
+        elif key not in self._fresh:
+            items = list(items)  # a snapshot may still hold the old list
+        self._fresh.add(key)
+        return items
+
+    def add(self, v: T) -> None:
+        key = self._backend.current_key
+        items = self._mutable(key)
         items.append(v)
         self._table[key] = items
 
     def add_all(self, vs: Iterable[T]) -> None:
         key = self._backend.current_key
-        items = self._table.get(key) or []
+        items = self._mutable(key)
         items.extend(vs)
         if items:
             self._table[key] = items
@@ -111,11 +119,18 @@ class MapState(_Handle, Generic[K, V]):
     def get(self, k: K, default: V | None = None) -> V | None:
         return self._map().get(k, default)
 
-    def put(self, k: K, v: V) -> None:
-        key = self._backend.current_key
+    def _mutable(self, key: Any) -> dict[K, V]:
         m = self._table.get(key)
         if m is None:
             m = {}
+        elif key not in self._fresh:
+            m = dict(m)  # a snapshot may still hold the old dict
+        self._fresh.add(key)
+        return m
+
+    def put(self, k: K, v: V) -> None:
+        key = self._backend.current_key
+        m = self._mutable(key)
         m[k] = v
         self._table[key] = m
 
@@ -126,6 +141,7 @@ class MapState(_Handle, Generic[K, V]):
         key = self._backend.current_key
         m = self._table.get(key)
         if m is not None and k in m:
+            m = self._mutable(key)
             del m[k]
             if m:
                 self._table[key] = m

@@ -1,0 +1,653 @@
+"""Checkpointing overhead: ABS against synchronous snapshots and no checkpoints.
+
+After the evaluation of the ABS paper (Carbone et al. 2015, "Lightweight
+Asynchronous Snapshots for Distributed Dataflows", Fig. 5 and 6): the same
+keyed job runs without checkpoints, with asynchronous barrier snapshots
+(``mode="exactly_once"``, the default) and with stop-the-world synchronous
+snapshots (``mode="synchronous"``, the Naiad-style baseline), at checkpoint
+intervals of 0.05, 0.1, 0.5, 1 and 5 seconds.
+
+The job has two shuffles, at parallelism 2::
+
+    numbers 0..N-1 (a generated, replayable source, 2 subtasks)
+      -> rebalance -> map(i -> (i % keys, i))
+      -> key_by(key) -> count                      # 'count-by-key'
+      -> map((key, n) -> (key % groups, n))
+      -> key_by(group) -> count                    # 'count-by-group'
+      -> ListSink
+
+Per configuration it reports throughput (records per second of wall-clock
+time, building and running the job), the ratio against the run without
+checkpoints (ratio of the medians, and the median of the per-round ratios),
+the number of checkpoints taken, checkpoint duration (trigger to completion)
+p50/p95/max and alignment duration p50/p95 (the longest alignment of any
+task), pooled over all repetitions, from ``ef.list_checkpoints`` (retained
+without limit; the final checkpoint at the end of input is left out). The
+checkpoints are written under the system's temporary folder (``--chk-dir``).
+
+Repetitions are interleaved (a round runs every configuration once, with the
+no-checkpoint run at both ends of the round and the order of the intervals
+rotated from round to round), ``gc.collect()`` runs before each, and medians
+are reported, to resist noise on a shared machine. Every run's result is
+verified: the final count of every group, the number of committed records,
+and the final keyed state of both count operators must equal those of the
+run without checkpoints and of an independent computation.
+
+The goals: ABS keeps at least 0.95x the throughput without checkpoints at a
+1 s interval and 0.85x at 0.1 s, and ABS is faster than synchronous
+snapshots at every interval. The exit code is 0 whatever the timings (this is
+a report), and 1 when any run's result is wrong.
+
+    python benchmarks/overhead.py                  # 4M records, 3 rounds
+    python benchmarks/overhead.py --quick          # 1M records, 2 rounds (1 s, 5 s: ~0 checkpoints)
+    python benchmarks/overhead.py --json benchmarks/results/overhead.json
+    python benchmarks/overhead.py --plot /tmp/overhead.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gc
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import eddyflow as ef
+
+DEFAULT_RECORDS = 4_000_000
+QUICK_RECORDS = 1_000_000
+INTERVALS = (0.05, 0.1, 0.5, 1.0, 5.0)
+PARALLELISM = 2
+#: (interval, minimum throughput ratio of ABS against no checkpoints)
+GOALS = ((1.0, 0.95), (0.1, 0.85))
+DEFAULT_PLOT = Path(__file__).parent / "results" / "overhead.png"
+
+
+# -- the job -----------------------------------------------------------------------
+
+
+class NumberSource(ef.Source):
+    """The integers ``0 .. n-1``; subtask ``s`` of ``p`` reads one contiguous
+    slice; the position is the next integer to read (replayable)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    @property
+    def name(self) -> str:
+        return "numbers"
+
+    def create_reader(self, subtask: int, parallelism: int) -> ef.SourceReader:
+        return _NumberReader(self.n * subtask // parallelism,
+                             self.n * (subtask + 1) // parallelism)
+
+
+class _NumberReader(ef.SourceReader):
+    def __init__(self, start: int, end: int) -> None:
+        self.start = start
+        self.end = end
+        self.pos = start
+
+    async def read_batch(self, max_records: int) -> list[Any] | None:
+        if self.pos >= self.end:
+            return None
+        stop = min(self.pos + max_records, self.end)
+        batch = list(range(self.pos, stop))
+        self.pos = stop
+        return batch
+
+    def position(self) -> int:
+        return self.pos
+
+    def seek(self, position: Any) -> None:
+        if not isinstance(position, int) or not self.start <= position <= self.end:
+            raise ValueError(f"position {position!r} outside [{self.start}, {self.end}]")
+        self.pos = position
+
+
+@dataclass(frozen=True)
+class Shape:
+    records: int
+    keys: int
+    groups: int
+
+
+def first(record: tuple[int, int]) -> int:
+    """The key of a record is its first field."""
+    return record[0]
+
+
+def build(env: ef.StreamEnvironment, shape: Shape, sink: ef.ListSink) -> None:
+    keys, groups = shape.keys, shape.groups
+
+    def tag(i: int) -> tuple[int, int]:
+        return (i % keys, i)
+
+    def regroup(kv: tuple[int, int]) -> tuple[int, int]:
+        return (kv[0] % groups, kv[1])
+
+    (
+        env.from_source(NumberSource(shape.records))
+        .rebalance()
+        .map(tag).name("tag")
+        .key_by(first).count().name("count-by-key")
+        .map(regroup).name("regroup")
+        .key_by(first).count().name("count-by-group")
+        .sink_to(sink)
+    )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a run computed, for comparison between runs."""
+
+    committed: int  # records in the sink
+    group_counts: dict[int, int]  # each group's last (= largest) running count
+    by_key: dict[Any, Any]  # final keyed state of 'count-by-key'
+    by_group: dict[Any, Any]  # final keyed state of 'count-by-group'
+
+
+def expected_outcome(shape: Shape) -> dict[int, int]:
+    """Each group's final count, computed without eddyflow."""
+    per_key = collections.Counter(i % shape.keys for i in range(shape.records))
+    groups: collections.Counter[int] = collections.Counter()
+    for k, n in per_key.items():
+        groups[k % shape.groups] += n
+    return dict(groups)
+
+
+# -- configurations and runs ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Config:
+    mode: str | None  # None: no checkpoints
+    interval: float | None
+
+    @property
+    def key(self) -> str:
+        return "none" if self.mode is None else f"{self.label_mode}@{self.interval:g}"
+
+    @property
+    def label_mode(self) -> str:
+        return {None: "none", "exactly_once": "ABS", "synchronous": "sync"}[self.mode]
+
+
+@dataclass
+class Run:
+    seconds: float
+    cpu_seconds: float  # process CPU time (every thread): less sensitive to other load
+    checkpoints: list[ef.CheckpointInfo]  # periodic ones only (not the final one)
+
+
+@dataclass
+class Case:
+    config: Config
+    runs: list[Run] = field(default_factory=list)
+
+    def rates(self, records: int) -> list[float]:
+        return [records / r.seconds for r in self.runs]
+
+    def rate(self, records: int) -> float:
+        return statistics.median(self.rates(records))
+
+    def cpu(self) -> float:
+        return statistics.median(r.cpu_seconds for r in self.runs)
+
+    def spread(self) -> float:
+        """(max - min) / median of the run times."""
+        s = [r.seconds for r in self.runs]
+        return (max(s) - min(s)) / statistics.median(s)
+
+    def checkpoint_counts(self) -> list[int]:
+        return [len(r.checkpoints) for r in self.runs]
+
+    def asked(self) -> float:
+        """Median checkpoints the interval asks for in a run (run time / interval)."""
+        interval = self.config.interval
+        if interval is None:
+            return 0.0
+        return statistics.median(int(r.seconds / interval) for r in self.runs)
+
+    def starved(self) -> bool:
+        """Fewer than half the checkpoints the interval asks for completed."""
+        asked = self.asked()
+        return asked >= 2 and statistics.median(self.checkpoint_counts()) < asked / 2
+
+    def durations(self) -> list[float]:
+        return [c.duration for r in self.runs for c in r.checkpoints]
+
+    def alignments(self) -> list[float]:
+        return [c.alignment_duration for r in self.runs for c in r.checkpoints]
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (``q`` in 0..100); None for no values."""
+    if not values:
+        return None
+    s = sorted(values)
+    rank = max(1, -(-len(s) * q // 100))  # ceil(len * q / 100), at least 1
+    return s[int(rank) - 1]
+
+
+def run_once(config: Config, shape: Shape, chk_root: str | None,
+             batch_size: int) -> tuple[Run, Outcome]:
+    env = ef.StreamEnvironment(parallelism=PARALLELISM, batch_size=batch_size)
+    folder = tempfile.mkdtemp(prefix="eddyflow-overhead-", dir=chk_root)
+    try:
+        if config.mode is not None:
+            assert config.interval is not None
+            env.enable_checkpointing(interval=config.interval, directory=folder,
+                                     mode=config.mode, retained=1_000_000)
+        sink = ef.ListSink()
+        gc.collect()
+        cpu0 = time.process_time()
+        t0 = time.perf_counter()
+        build(env, shape, sink)
+        result = env.execute(f"overhead {config.key}")
+        seconds = time.perf_counter() - t0
+        cpu = time.process_time() - cpu0
+        done = ef.list_checkpoints(folder) if config.mode is not None else []
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    groups: dict[int, int] = {}
+    for g, n in sink.results:
+        if n > groups.get(g, 0):
+            groups[g] = n
+    outcome = Outcome(len(sink.results), groups, result.state("count-by-key"),
+                      result.state("count-by-group"))
+    return Run(seconds, cpu, [c for c in done if not c.final]), outcome
+
+
+def compare(label: str, got: Outcome, want: Outcome | None, expected: dict[int, int],
+            records: int) -> list[str]:
+    errors = []
+    if got.committed != records:
+        errors.append(f"{label}: {got.committed:,} records committed, expected {records:,}")
+    if got.group_counts != expected:
+        wrong = sorted(g for g in expected.keys() | got.group_counts.keys()
+                       if got.group_counts.get(g) != expected.get(g))
+        errors.append(f"{label}: final counts of {len(wrong)} groups differ from the "
+                      f"independent computation, e.g. groups {wrong[:5]}")
+    if want is not None:
+        if got.group_counts != want.group_counts:
+            errors.append(f"{label}: final group counts differ from the no-checkpoint run")
+        if got.by_key != want.by_key or got.by_group != want.by_group:
+            errors.append(f"{label}: final keyed state differs from the no-checkpoint run")
+    return errors
+
+
+def make_configs(intervals: Sequence[float]) -> tuple[Config, list[Config]]:
+    baseline = Config(None, None)
+    others = [Config(mode, i) for i in intervals for mode in ("exactly_once", "synchronous")]
+    return baseline, others
+
+
+def round_order(baseline: Config, others: list[Config], r: int) -> list[Config]:
+    """No checkpoints at both ends; intervals rotated, ABS/sync order alternated."""
+    pairs = [others[k : k + 2] for k in range(0, len(others), 2)]
+    shift = r % len(pairs)
+    pairs = pairs[shift:] + pairs[:shift]
+    middle = [c for p in pairs for c in (p if r % 2 == 0 else p[::-1])]
+    return [baseline, *middle, baseline]
+
+
+def benchmark(args: argparse.Namespace, shape: Shape, expected: dict[int, int],
+              verbose: bool) -> tuple[Case, list[Case], list[list[float]], list[str]]:
+    """Returns the baseline case, the others, per-round baseline rates, mismatches."""
+    baseline_cfg, other_cfgs = make_configs(args.intervals)
+    base = Case(baseline_cfg)
+    cases = {c.key: Case(c) for c in other_cfgs}
+    errors: list[str] = []
+    # Warm-up: imports, first calls, thread pool start-up; results checked, not timed.
+    warm = Shape(max(shape.records // 20, 1000), shape.keys, shape.groups)
+    warm_expected = expected_outcome(warm)
+    _, reference = run_once(baseline_cfg, warm, args.chk_dir, args.batch_size)
+    for cfg in (Config("exactly_once", 0.05), Config("synchronous", 0.05)):
+        _, got = run_once(cfg, warm, args.chk_dir, args.batch_size)
+        errors += compare(f"warm-up {cfg.key}", got, reference, warm_expected, warm.records)
+    # Full-size untimed rounds: the first one grows the heap and pays its page faults.
+    for w in range(args.warmup):
+        _, got = run_once(baseline_cfg, shape, args.chk_dir, args.batch_size)
+        errors += compare(f"warm-up round {w + 1}", got, None, expected, shape.records)
+        del got
+
+    reference_outcome: Outcome | None = None
+    round_base: list[list[float]] = []
+    for r in range(args.repeat):
+        progress = []
+        rates: list[float] = []
+        for cfg in round_order(baseline_cfg, other_cfgs, r):
+            run, outcome = run_once(cfg, shape, args.chk_dir, args.batch_size)
+            label = f"{cfg.key}, round {r + 1}"
+            if cfg.mode is None:
+                base.runs.append(run)
+                rates.append(shape.records / run.seconds)
+                if reference_outcome is None:
+                    reference_outcome = outcome
+                    errors += compare(label, outcome, None, expected, shape.records)
+                else:
+                    errors += compare(label, outcome, reference_outcome, expected,
+                                      shape.records)
+            else:
+                cases[cfg.key].runs.append(run)
+                errors += compare(label, outcome, reference_outcome, expected, shape.records)
+            progress.append(f"{cfg.key} {run.seconds:.2f}s/{len(run.checkpoints)}chk")
+            del outcome
+        round_base.append(rates)
+        if verbose:
+            print(f"  round {r + 1}/{args.repeat}: " + ", ".join(progress),
+                  file=sys.stderr, flush=True)
+    return base, list(cases.values()), round_base, errors
+
+
+# -- reporting ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    case: Case
+    rate: float
+    ratio: float  # ratio of the medians
+    cpu_ratio: float  # CPU time without checkpoints / CPU time with (medians)
+    paired: float  # median of per-round ratios (against the mean of the round's baselines)
+    paired_min: float
+    paired_max: float
+
+
+def rows(base: Case, cases: list[Case], round_base: list[list[float]],
+         records: int) -> list[Row]:
+    base_rate = base.rate(records)
+    out = []
+    for c in cases:
+        per_round = [rate / statistics.fmean(b)
+                     for rate, b in zip(c.rates(records), round_base, strict=True)]
+        rate = c.rate(records)
+        out.append(Row(c, rate, rate / base_rate, base.cpu() / c.cpu(),
+                       statistics.median(per_round),
+                       min(per_round), max(per_round)))
+    return out
+
+
+@dataclass(frozen=True)
+class Goal:
+    label: str
+    ok: bool
+    detail: str
+
+    @property
+    def status(self) -> str:
+        return "PASS" if self.ok else "FAIL"
+
+
+def evaluate(table: list[Row], intervals: Sequence[float]) -> list[Goal]:
+    by = {r.case.config.key: r for r in table}
+    goals = []
+    for interval, target in GOALS:
+        row = by.get(f"ABS@{interval:g}")
+        if row is None:
+            continue
+        detail = f"measured {row.ratio:.3f}x (per-round median {row.paired:.3f}x)"
+        if row.case.starved():
+            detail += (f"; but only {statistics.median(row.case.checkpoint_counts()):g} of "
+                       f"~{row.case.asked():g} checkpoints completed (*)")
+        goals.append(Goal(f"ABS >= {target:g}x at {interval:g} s", row.ratio >= target, detail))
+    margins = []
+    ok = True
+    for i in intervals:
+        a, s = by[f"ABS@{i:g}"], by[f"sync@{i:g}"]
+        ok &= a.rate > s.rate
+        margins.append(f"{i:g}s {a.ratio:.3f} vs {s.ratio:.3f}{'' if a.rate > s.rate else ' (!)'}")
+    goals.append(Goal("ABS above synchronous at every interval", ok, "; ".join(margins)))
+    return goals
+
+
+def ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1000:.0f}"
+
+
+def environment_line() -> str:
+    return (f"Python {platform.python_version()} ({platform.python_implementation()}), "
+            f"eddyflow {ef.__version__}, {os.cpu_count()} CPUs, "
+            f"{platform.system()} {platform.machine()}, load average "
+            + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
+
+
+def render(base: Case, table: list[Row], goals: list[Goal], shape: Shape,
+           args: argparse.Namespace, errors: list[str]) -> str:
+    base_rate = base.rate(shape.records)
+    chk_dir = args.chk_dir or tempfile.gettempdir()
+    lines = [
+        "eddyflow checkpointing overhead: ABS vs synchronous snapshots vs none",
+        "  numbers -> rebalance -> map -> key_by -> count -> map -> key_by -> count -> ListSink,"
+        f" parallelism {PARALLELISM}",
+        f"data:  {shape.records:,} records, {shape.keys:,} keys, {shape.groups:,} groups; "
+        f"batch size {args.batch_size}; checkpoints under {chk_dir}",
+        f"runs:  median of {args.repeat} interleaved rounds (no checkpoints at both ends of "
+        f"each round) after {args.warmup} untimed full-size run(s), gc.collect() before each",
+        f"env:   {environment_line()}",
+        "",
+    ]
+    header = (f"{'mode':<6} {'interval':>8} {'records/s':>11} {'spread':>7} {'vs none':>8} "
+              f"{'per-round':>17} {'cpu':>6} {'chk/asked':>10} {'dur p50':>8} {'p95':>6} "
+              f"{'max':>6} {'align p50':>10} {'p95':>5}")
+    lines += [header, "-" * len(header)]
+    lines.append(f"{'none':<6} {'-':>8} {base_rate:>11,.0f} {base.spread():>7.1%} "
+                 f"{'1.000x':>8} {'':>17} {'1.000x':>6} {'-':>10}")
+    for r in table:
+        c = r.case
+        d, a = c.durations(), c.alignments()
+        counts = c.checkpoint_counts()
+        per_round = f"{r.paired:.3f} [{r.paired_min:.2f}-{r.paired_max:.2f}]"
+        chk = f"{'*' if c.starved() else ''}{statistics.median(counts):g}/{c.asked():g}"
+        lines.append(
+            f"{c.config.label_mode:<6} {c.config.interval:>7g}s {r.rate:>11,.0f} "
+            f"{c.spread():>7.1%} {r.ratio:>7.3f}x {per_round:>17} {r.cpu_ratio:>5.2f}x "
+            f"{chk:>10} {ms(percentile(d, 50)):>8} "
+            f"{ms(percentile(d, 95)):>6} {ms(max(d, default=None)):>6} "
+            f"{ms(percentile(a, 50)):>10} {ms(percentile(a, 95)):>5}")
+    lines += [
+        "",
+        "  vs none: ratio of median throughputs; per-round: median [min-max] of each round's",
+        "  ratio to that round's no-checkpoint runs; cpu: the same ratio by process CPU time (less",
+        "  sensitive to other load on the machine; blind to time spent waiting, e.g. for fsync);",
+        "  chk/asked: median checkpoints completed per run (the final one excluded) / run time",
+        "  over interval; durations in ms (trigger to completion; alignment: longest of any",
+        "  task), pooled over all runs",
+    ]
+    if any(r.case.starved() for r in table):
+        lines += [
+            "",
+            "  (*) fewer than half the checkpoints the interval asks for completed: checkpoints",
+            "      took longer than the interval, so that row does not measure checkpointing at",
+            "      that interval (the coordinator never has two periodic checkpoints in flight)",
+        ]
+    lines += ["", "goals:"]
+    lines += [f"  {g.status}  {g.label:<42} {g.detail}" for g in goals]
+    lines.append("")
+    if errors:
+        lines.append(f"RESULTS MISMATCH ({len(errors)}):")
+        lines += [f"  {e}" for e in errors]
+    else:
+        runs = len(base.runs) + sum(len(r.case.runs) for r in table)
+        lines.append(f"results: OK, all {runs} runs: committed records, final group counts and "
+                     "final keyed state equal")
+        lines.append("         the no-checkpoint run's and an independent computation's")
+    return "\n".join(lines)
+
+
+def plot(path: Path, table: list[Row], shape: Shape, intervals: Sequence[float]) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: no plot (pip install -e '.[bench]')"
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    styles = {"ABS": ("tab:blue", "o", "ABS (exactly_once, aligned)"),
+              "sync": ("tab:orange", "s", "synchronous (stop the world)")}
+    for mode, (color, marker, label) in styles.items():
+        mine = sorted((r for r in table if r.case.config.label_mode == mode),
+                      key=lambda r: r.case.config.interval or 0.0)
+        xs = [r.case.config.interval for r in mine]
+        ys = [r.ratio for r in mine]
+        lo = [r.ratio - r.paired_min for r in mine]
+        hi = [r.paired_max - r.ratio for r in mine]
+        ax.errorbar(xs, ys, yerr=[[max(v, 0) for v in lo], [max(v, 0) for v in hi]],
+                    color=color, marker=marker, capsize=3, linewidth=2, label=label)
+        starved = [r for r in mine if r.case.starved()]
+        if starved:  # hollow: that point did not checkpoint at its interval
+            ax.scatter([r.case.config.interval for r in starved], [r.ratio for r in starved],
+                       marker=marker, s=70, facecolors="white", edgecolors=color,
+                       linewidths=2, zorder=4)
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="no checkpoints")
+    gx = [i for i, _ in GOALS if i in intervals]
+    gy = [t for i, t in GOALS if i in intervals]
+    ax.scatter(gx, gy, marker="^", s=120, color="tab:green", zorder=5,
+               label="goal: ABS at or above")
+    for x, y in zip(gx, gy, strict=True):
+        ax.annotate(f"goal {y:g}x", (x, y), textcoords="offset points", xytext=(0, -20),
+                    ha="center", color="tab:green", fontsize=9)
+    if any(r.case.starved() for r in table):
+        ax.scatter([], [], marker="o", s=70, facecolors="white", edgecolors="black",
+                   label="hollow: < half the asked checkpoints completed")
+    ax.set_xscale("log")
+    ax.set_xticks(list(intervals))
+    ax.set_xticklabels([f"{i:g} s" for i in intervals])
+    ax.minorticks_off()
+    ax.set_xlabel("checkpoint interval (log scale)")
+    ax.set_ylabel("throughput / throughput without checkpoints")
+    low = min([r.paired_min for r in table] + [r.ratio for r in table] + gy + [0.8])
+    high = max([r.paired_max for r in table] + [r.ratio for r in table] + [1.05])
+    ax.set_ylim(max(0.0, low - 0.08), high + 0.03)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.set_title(f"eddyflow checkpointing overhead ({shape.records:,} records, "
+                 f"2 shuffles, parallelism {PARALLELISM})\n"
+                 "median of interleaved rounds; bars: min-max of per-round ratios",
+                 fontsize=10)
+    ax.legend(loc="lower right", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return f"wrote {path}"
+
+
+def write_json(path: Path, base: Case, table: list[Row], goals: list[Goal], shape: Shape,
+               args: argparse.Namespace, errors: list[str]) -> None:
+    def stats(c: Case) -> dict[str, Any]:
+        d, a = c.durations(), c.alignments()
+        return {
+            "seconds": [r.seconds for r in c.runs],
+            "cpu_seconds": [r.cpu_seconds for r in c.runs],
+            "records_per_second": c.rate(shape.records),
+            "checkpoints_per_run": c.checkpoint_counts(),
+            "checkpoints_asked": c.asked(), "starved": c.starved(),
+            "duration_p50": percentile(d, 50), "duration_p95": percentile(d, 95),
+            "duration_max": max(d, default=None),
+            "alignment_p50": percentile(a, 50), "alignment_p95": percentile(a, 95),
+        }
+
+    report: dict[str, Any] = {
+        "benchmark": "numbers -> rebalance -> map -> key_by -> count -> map -> key_by -> count "
+                     "-> ListSink",
+        "environment": {"python": platform.python_version(), "eddyflow": ef.__version__,
+                        "cpus": os.cpu_count(), "platform": platform.platform()},
+        "data": {"records": shape.records, "keys": shape.keys, "groups": shape.groups,
+                 "parallelism": PARALLELISM, "batch_size": args.batch_size},
+        "repeat": args.repeat,
+        "none": stats(base),
+        "cases": {r.case.config.key: stats(r.case) | {
+            "mode": r.case.config.mode, "interval": r.case.config.interval,
+            "vs_none": r.ratio, "vs_none_cpu": r.cpu_ratio,
+            "vs_none_per_round_median": r.paired,
+            "vs_none_per_round_min": r.paired_min, "vs_none_per_round_max": r.paired_max,
+        } for r in table},
+        "goals": [{"goal": g.label, "status": g.status, "detail": g.detail} for g in goals],
+        "mismatches": errors,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+
+
+# -- main --------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="Throughput overhead of ABS vs synchronous snapshots vs no checkpoints.")
+    p.add_argument("--records", type=int, default=None,
+                   help=f"records per run (default {DEFAULT_RECORDS:,}; "
+                        f"{QUICK_RECORDS:,} with --quick)")
+    p.add_argument("--quick", action="store_true",
+                   help=f"{QUICK_RECORDS:,} records and 2 rounds unless given")
+    p.add_argument("--repeat", type=int, default=None,
+                   help="interleaved rounds; medians are reported (default 3; 2 with --quick)")
+    p.add_argument("--warmup", type=int, default=1,
+                   help="untimed full-size runs without checkpoints first (default 1)")
+    p.add_argument("--keys", type=int, default=10_000,
+                   help="keys of the first count (default 10,000)")
+    p.add_argument("--groups", type=int, default=100,
+                   help="keys of the second count (default 100)")
+    p.add_argument("--intervals", type=float, nargs="+", default=list(INTERVALS),
+                   metavar="SECONDS", help="checkpoint intervals (default 0.05 0.1 0.5 1 5)")
+    p.add_argument("--batch-size", type=int, default=1024, help="eddyflow batch_size")
+    p.add_argument("--chk-dir", default=None, metavar="DIR",
+                   help="where the checkpoint folders go (default: the temporary folder)")
+    p.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--plot", type=Path, default=DEFAULT_PLOT, metavar="PATH",
+                   help="the PNG to draw (default benchmarks/results/overhead.png)")
+    p.add_argument("--no-plot", action="store_true", help="draw no PNG")
+    p.add_argument("--quiet", action="store_true", help="no per-round progress on stderr")
+    args = p.parse_args(argv)
+    if args.records is None:
+        args.records = QUICK_RECORDS if args.quick else DEFAULT_RECORDS
+    if args.repeat is None:
+        args.repeat = 2 if args.quick else 3
+    if args.warmup < 0:
+        p.error("--warmup must be >= 0")
+    for name in ("records", "repeat", "keys", "groups", "batch_size"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if any(i <= 0 for i in args.intervals):
+        p.error("--intervals must be > 0")
+    args.intervals = sorted(set(args.intervals))
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    verbose = not args.quiet
+    shape = Shape(args.records, args.keys, args.groups)
+    expected = expected_outcome(shape)
+    gc.collect()
+    gc.freeze()
+    if verbose:
+        n = 2 + 2 * len(args.intervals)
+        print(f"{args.repeat} rounds of {n} runs, {shape.records:,} records each ...",
+              file=sys.stderr, flush=True)
+    base, cases, round_base, errors = benchmark(args, shape, expected, verbose)
+    table = rows(base, cases, round_base, shape.records)
+    goals = evaluate(table, args.intervals)
+    print(render(base, table, goals, shape, args, errors))
+    if not args.no_plot:
+        print("\n" + plot(args.plot, table, shape, args.intervals))
+    if args.json:
+        write_json(args.json, base, table, goals, shape, args, errors)
+        print(f"wrote {args.json}")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

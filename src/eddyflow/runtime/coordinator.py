@@ -1,0 +1,316 @@
+"""The checkpoint coordinator (DESIGN.md §2, steps 1 and 5).
+
+It triggers checkpoint ``n`` every ``interval`` seconds by asking every
+source task to emit barrier ``n``, never with more than one periodic
+checkpoint in flight; collects each task's acknowledgement (sent when the
+task's asynchronous write is durable); and when every task has acknowledged,
+writes ``chk-<n>/_metadata`` last and atomically, commits the sinks'
+transactions recorded in it, and notifies every task. A checkpoint not
+complete within ``timeout`` is aborted and every task told.
+
+The end of a bounded input is a final checkpoint: each task, once its input
+is exhausted, snapshots its final state under the id of
+:meth:`final_checkpoint_id`, so all output is committed — and recorded, so a
+crash during the commits is repaired on restore — before ``execute``
+returns. Once a source has finished no periodic checkpoint is triggered any
+more (a finished source can no longer emit barriers).
+
+Without checkpointing the coordinator still runs that final commit, with no
+storage behind it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from eddyflow.connectors.sink import Sink
+from eddyflow.graph.plan import ExecutionPlan
+from eddyflow.runtime.events import Barrier
+from eddyflow.runtime.faults import fault_point
+from eddyflow.state.storage import CheckpointStorage, FileHandle
+
+if TYPE_CHECKING:
+    from eddyflow.runtime.task import Task
+
+__all__ = ["MODES", "CheckpointConfig", "CheckpointCoordinator", "TaskSnapshot"]
+
+log = logging.getLogger("eddyflow.checkpoints")
+
+MODES = ("exactly_once", "at_least_once", "unaligned", "synchronous")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    interval: float
+    directory: str
+    mode: str = "exactly_once"
+    retained: int = 3
+    timeout: float = 60.0
+
+
+@dataclass
+class TaskSnapshot:
+    """What a task acknowledges: per operator uid, the JSON-able part of its
+    snapshot (source position, keyed-state file and index, committables),
+    the files it wrote, and how long alignment and the two phases took."""
+
+    operators: dict[str, dict[str, Any]]
+    files: list[FileHandle]
+    alignment_duration: float = 0.0
+    sync_duration: float = 0.0
+    async_duration: float = 0.0
+
+
+@dataclass
+class _Pending:
+    id: int
+    trigger_time: float
+    started: float
+    final: bool
+    acks: dict[tuple[int, int], TaskSnapshot] = field(default_factory=dict)
+    done: anyio.Event = field(default_factory=anyio.Event)
+
+
+class CheckpointCoordinator:
+    def __init__(
+        self,
+        config: CheckpointConfig | None,
+        job_name: str,
+        plan: ExecutionPlan,
+        sinks: dict[str, Sink],
+        next_id: int = 1,
+        completed: Sequence[int] = (),
+    ) -> None:
+        self.config = config
+        self.mode = config.mode if config else "exactly_once"
+        self.storage = CheckpointStorage(config.directory) if config else None
+        self.job_name = job_name
+        self.plan = plan
+        self.sinks = sinks
+        self.tasks: Sequence[Task] = ()
+        # Completed checkpoints of this execution, earlier attempts included.
+        self.completed: list[int] = list(completed)
+        # The directory belongs to the job: retention covers every completed
+        # checkpoint in it, earlier runs' included.
+        self.retained: list[int] = (
+            self.storage.completed_ids() if self.storage is not None else []
+        )
+        self.aborted: list[int] = []
+        self.stats: list[dict[str, Any]] = []
+        self._next_id = next_id
+        self._pending: _Pending | None = None
+        self._final: _Pending | None = None
+        self._completing: set[int] = set()  # metadata being written: not incomplete
+        self._stopped = False
+        self._resume = anyio.Event()
+        self._resume.set()
+
+    def attach(self, tasks: Sequence[Task]) -> None:
+        self.tasks = tasks
+
+    @property
+    def synchronous(self) -> bool:
+        return self.mode == "synchronous"
+
+    # -- triggering --------------------------------------------------------
+
+    async def run_periodic(self) -> None:
+        cfg = self.config
+        if cfg is None:
+            return
+        next_at = time.monotonic() + cfg.interval
+        while not self._stopped:
+            await anyio.sleep(max(0.0, next_at - time.monotonic()))
+            if self._stopped:
+                return
+            next_at = time.monotonic() + cfg.interval
+            pending = self._trigger()
+            if pending is None:
+                continue
+            with anyio.move_on_after(cfg.timeout):
+                await pending.done.wait()
+            if not pending.done.is_set():
+                if pending.id in self._completing:
+                    # Every task acknowledged and the metadata is being
+                    # written: too late to abort, the sinks commit next.
+                    await pending.done.wait()
+                else:
+                    missing = [t for t in self.tasks
+                               if (t.chain_index, t.subtask) not in pending.acks]
+                    log.warning("checkpoint %d: no acknowledgement from %d tasks:\n  %s",
+                                pending.id, len(missing),
+                                "\n  ".join(t.describe_state() for t in missing))
+                    self._abort(pending, f"not complete after {cfg.timeout} s")
+            # Never trigger sooner than one interval after the last one.
+            next_at = max(next_at, time.monotonic())
+
+    def _trigger(self) -> _Pending | None:
+        n = self._next_id
+        self._next_id += 1
+        pending = _Pending(n, time.time(), time.monotonic(), final=False)
+        self._pending = pending
+        if self.synchronous:
+            self._resume = anyio.Event()
+        barrier = Barrier(n, pending.trigger_time)
+        for t in self.tasks:
+            if t.reader is not None and not t.trigger_barrier(barrier):
+                self._abort(pending, f"source task {t.name}[{t.subtask}] has finished")
+                self._stopped = True
+                return None
+        return pending
+
+    def final_checkpoint_id(self) -> int:
+        """The id of the final checkpoint at the end of input (allocated once;
+        no periodic checkpoint is triggered after it)."""
+        if self._final is None:
+            self._stopped = True
+            n = self._next_id
+            self._next_id += 1
+            self._final = _Pending(n, time.time(), time.monotonic(), final=True)
+        return self._final.id
+
+    def stop(self) -> None:
+        self._stopped = True
+
+    async def wait_resumed(self) -> None:
+        """Synchronous mode: sources wait here until the checkpoint is done."""
+        await self._resume.wait()
+
+    # -- acknowledgements --------------------------------------------------
+
+    def _pending_for(self, checkpoint_id: int) -> _Pending | None:
+        for p in (self._pending, self._final):
+            if p is not None and p.id == checkpoint_id:
+                return p
+        return None
+
+    async def acknowledge(self, task: Task, checkpoint_id: int, snap: TaskSnapshot) -> None:
+        p = self._pending_for(checkpoint_id)
+        if p is None:
+            return  # aborted meanwhile: its files go with its folder
+        p.acks[(task.chain_index, task.subtask)] = snap
+        if len(p.acks) == len(self.tasks):
+            await self._complete(p)
+
+    async def _complete(self, p: _Pending) -> None:
+        if p.final:
+            self._final = None
+        elif self._pending is p:
+            self._pending = None
+        self._completing.add(p.id)
+        try:
+            await self._write_and_commit(p)
+        finally:
+            self._completing.discard(p.id)
+
+    async def _write_and_commit(self, p: _Pending) -> None:
+        fault_point("checkpoint.before_metadata")
+        duration = time.monotonic() - p.started
+        if self.storage is not None:
+            meta = self._metadata(p, duration)
+            await self.storage.write_metadata(p.id, meta)
+            self.completed.append(p.id)
+            self.retained.append(p.id)
+            self.stats.append({"checkpoint_id": p.id} | {k: meta[k] for k in (
+                "duration", "alignment_duration", "checkpointed_size", "full_size")})
+            log.info("checkpoint %d complete in %.3f s", p.id, duration)
+        fault_point("sink.before_commit")
+        self._commit(p)
+        for t in self.tasks:
+            t.notify_checkpoint_complete(p.id)
+        if self.storage is not None:
+            self._retain()
+        p.done.set()
+        self._resume.set()
+
+    def _commit(self, p: _Pending) -> None:
+        by_sink: dict[str, list[Any]] = {}
+        for snap in p.acks.values():
+            for uid, part in snap.operators.items():
+                if part.get("committables"):
+                    by_sink.setdefault(uid, []).extend(part["committables"])
+        for uid, committables in by_sink.items():
+            self.sinks[uid].commit(committables)
+
+    def is_aborted(self, checkpoint_id: int) -> bool:
+        return checkpoint_id in self.aborted
+
+    def _abort(self, p: _Pending, reason: str) -> None:
+        if p.id in self._completing:
+            return  # acknowledged by every task: it completes, whatever the clock says
+        log.warning("checkpoint %d aborted: %s", p.id, reason)
+        if self._pending is p:
+            self._pending = None
+        self.aborted.append(p.id)
+        for t in self.tasks:
+            t.abort_checkpoint(p.id)
+        if self.storage is not None:
+            self.storage.discard(p.id)
+        p.done.set()
+        self._resume.set()
+
+    def _retain(self) -> None:
+        assert self.storage is not None and self.config is not None
+        keep = sorted(self.retained)[-self.config.retained:]
+        for n in self.retained:
+            if n not in keep:
+                self.storage.discard(n)
+        self.retained = keep
+        in_flight = {p.id for p in (self._pending, self._final) if p is not None}
+        in_flight |= self._completing
+        self.storage.clean_incomplete(keep=in_flight)
+
+    # -- metadata ----------------------------------------------------------
+
+    def _metadata(self, p: _Pending, duration: float) -> dict[str, Any]:
+        plan = self.plan
+        nodes = plan.graph.nodes
+        operators: dict[str, dict[str, Any]] = {
+            n.uid: {"kind": n.kind, "parallelism": plan.parallelism[n.id], "subtasks": {}}
+            for n in nodes
+        }
+        files: list[dict[str, Any]] = []
+        for (_, subtask), snap in sorted(p.acks.items()):
+            for uid, part in snap.operators.items():
+                operators[uid]["subtasks"][str(subtask)] = part
+            files.extend(h.to_json() for h in snap.files)
+        size = sum(int(f["size"]) for f in files)
+        return {
+            "job": self.job_name,
+            "mode": self.mode,
+            "final": p.final,
+            "trigger_time": p.trigger_time,
+            "completed_at": time.time(),
+            "duration": duration,
+            "alignment_duration": max((s.alignment_duration for s in p.acks.values()),
+                                      default=0.0),
+            "max_parallelism": plan.max_parallelism,
+            "operators": operators,
+            "graph": {
+                "nodes": [{"id": n.id, "uid": n.uid, "kind": n.kind,
+                           "parallelism": plan.parallelism[n.id]} for n in nodes],
+                "edges": [{"source": e.source, "target": e.target,
+                           "partitioning": e.partitioning.value,
+                           "back_edge": plan.edge_kinds[e.id].value == "back"}
+                          for e in plan.graph.edges],
+            },
+            "files": files,
+            "checkpointed_size": size,
+            # The memory backend writes full snapshots: a checkpoint references
+            # exactly the bytes it wrote.
+            "full_size": size,
+            "tasks": {f"{self.tasks_by_key()[k]}[{k[1]}]": {
+                "alignment_duration": s.alignment_duration,
+                "sync_duration": s.sync_duration,
+                "async_duration": s.async_duration,
+            } for k, s in sorted(p.acks.items())},
+        }
+
+    def tasks_by_key(self) -> dict[tuple[int, int], str]:
+        return {(t.chain_index, t.subtask): t.name for t in self.tasks}

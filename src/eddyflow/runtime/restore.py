@@ -1,0 +1,127 @@
+"""Reading a completed checkpoint back for a restore: source positions,
+keyed state by key group (so the new parallelism may differ from the old),
+and the sinks' committables."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from eddyflow.backedge.log import read_backedge_log
+from eddyflow.graph.plan import ExecutionPlan
+from eddyflow.state.snapshot import read_key_groups
+from eddyflow.state.storage import CheckpointStorage, FileHandle
+
+__all__ = ["RestoredCheckpoint"]
+
+log = logging.getLogger("eddyflow.checkpoints")
+
+
+class RestoredCheckpoint:
+    def __init__(
+        self, storage: CheckpointStorage, checkpoint_id: int, meta: dict[str, Any]
+    ) -> None:
+        self.storage = storage
+        self.checkpoint_id = checkpoint_id
+        self.meta = meta
+        self.operators: dict[str, Any] = meta["operators"]
+
+    def check_compatible(self, plan: ExecutionPlan) -> None:
+        """Fail before anything runs (and before any restart is spent) if the
+        job cannot resume from this checkpoint; warn about state it drops."""
+        nodes = {n.uid: n for n in plan.graph.nodes}
+        problems = []
+        for n in plan.graph.nodes:
+            op = self.operators.get(n.uid)
+            if n.is_source and op is not None and op["parallelism"] != plan.parallelism[n.id]:
+                problems.append(
+                    f"source '{n.uid}' was checkpointed with parallelism {op['parallelism']} "
+                    f"and cannot be restored with parallelism {plan.parallelism[n.id]}"
+                )
+        mp = self.meta.get("max_parallelism")
+        if mp is not None and mp != plan.max_parallelism:
+            problems.append(
+                f"the checkpoint was taken with max_parallelism {mp}, the job has "
+                f"{plan.max_parallelism}: key groups would not line up"
+            )
+        if problems:
+            raise ValueError(f"cannot restore checkpoint {self.checkpoint_id}: "
+                             + "; ".join(problems))
+        for uid, op in self.operators.items():
+            has_state = any(p.get("keyed") for p in op["subtasks"].values())
+            if uid not in nodes and has_state:
+                log.warning("checkpoint %d holds keyed state of operator '%s', which the "
+                            "job no longer has; that state is dropped",
+                            self.checkpoint_id, uid)
+
+    def _subtasks(self, uid: str) -> dict[str, dict[str, Any]]:
+        op = self.operators.get(uid)
+        return {} if op is None else dict(op["subtasks"])
+
+    def source_position(self, uid: str, subtask: int, parallelism: int) -> Any:
+        """The recorded position of source ``uid``'s subtask, or ``None`` for
+        a source the checkpoint does not know (a new operator)."""
+        op = self.operators.get(uid)
+        if op is None:
+            return None
+        if op["parallelism"] != parallelism:
+            raise ValueError(
+                f"source '{uid}' was checkpointed with parallelism {op['parallelism']} and "
+                f"cannot be restored with parallelism {parallelism}"
+            )
+        part = op["subtasks"].get(str(subtask), {})
+        return part.get("source")
+
+    def keyed_state(self, uid: str, key_groups: range
+                    ) -> tuple[dict[str, str], Iterator[tuple[str, Any, Any]]]:
+        """State kinds and ``(state, key, value)`` of ``uid`` in ``key_groups``,
+        read from every old subtask whose range overlaps."""
+        kinds: dict[str, str] = {}
+        parts = []
+        for part in self._subtasks(uid).values():
+            keyed = part.get("keyed")
+            if keyed is None:
+                continue
+            kinds.update(keyed["kinds"])
+            parts.append(keyed)
+        root = self.storage.root
+
+        def entries() -> Iterator[tuple[str, Any, Any]]:
+            for keyed in parts:
+                handle = FileHandle.from_json(keyed["file"])
+                for _, name, key, value in read_key_groups(root, handle, keyed["index"],
+                                                           key_groups):
+                    yield name, key, value
+
+        return kinds, entries()
+
+    def backedge_records(self, head_uid: str, subtask: int, parallelism: int) -> list[Any]:
+        """The records logged on the back-edges of loop head ``head_uid`` for
+        ``subtask``. At another parallelism the logs of old subtasks are dealt
+        out round-robin: any head subtask may process any fed-back record
+        unless the feedback is keyed, and keyed state is re-partitioned anyway
+        by the head's downstream keyed operators."""
+        op = self.operators.get(head_uid)
+        if op is None:
+            return []
+        old_p = int(op["parallelism"])
+        out: list[Any] = []
+        for s, part in sorted(op["subtasks"].items(), key=lambda kv: int(kv[0])):
+            log_part = part.get("backedge")
+            if log_part is None:
+                continue
+            if old_p == parallelism and int(s) != subtask:
+                continue
+            if old_p != parallelism and int(s) % parallelism != subtask:
+                continue
+            channels = read_backedge_log(self.storage.root,
+                                         FileHandle.from_json(log_part["file"]))
+            for i in sorted(channels):
+                out.extend(channels[i])
+        return out
+
+    def committables(self, uid: str) -> list[Any]:
+        return list(itertools.chain.from_iterable(
+            part.get("committables") or [] for part in self._subtasks(uid).values()))

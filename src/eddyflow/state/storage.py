@@ -1,0 +1,283 @@
+"""Checkpoint storage on a local folder (DESIGN.md §6).
+
+```
+<dir>/
+  shared/                 files referenced by several checkpoints (incremental RocksDB state)
+  chk-<n>/
+    _metadata             JSON, written last by atomic rename; checksums of every file
+    <operator>-<subtask>/ private state files, back-edge logs, channel state
+```
+
+Every file is written to a temporary name, fsynced, renamed, and its folder
+fsynced, so a crash leaves either the old state or the new one, never half a
+file under a real name. ``_metadata`` carries the size and SHA-256 of every
+file of the checkpoint and a checksum of itself; a checkpoint whose
+``_metadata`` is missing, unreadable, or does not match its files does not
+exist for recovery (:meth:`CheckpointStorage.latest_valid` skips it with a
+warning naming the file).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, ParamSpec, TypeVar
+
+import aiofiles.os
+import anyio
+import anyio.lowlevel
+
+__all__ = [
+    "METADATA",
+    "CheckpointCorrupted",
+    "CheckpointStorage",
+    "FileHandle",
+    "fsync_dir",
+]
+
+log = logging.getLogger("eddyflow.checkpoints")
+
+METADATA = "_metadata"
+FORMAT_VERSION = 1
+_CHK = re.compile(r"^chk-(\d+)$")
+
+
+class CheckpointCorrupted(Exception):
+    """A checkpoint's metadata or one of its files fails verification."""
+
+
+@dataclass(frozen=True)
+class FileHandle:
+    """A durable file of a checkpoint: path relative to the checkpoint
+    storage root, size in bytes and SHA-256 of the content."""
+
+    path: str
+    size: int
+    sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "size": self.size, "sha256": self.sha256}
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> FileHandle:
+        return FileHandle(str(d["path"]), int(d["size"]), str(d["sha256"]))
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+#: Files up to this size are written on the event loop's thread (a few ms,
+#: fsync included); larger ones in one call on aiofiles' executor. A worker
+#: thread of a busy event loop starves for the GIL: measured, a 54 KB state
+#: file took up to 0.9 s off-loop and 3-7 ms inline, so that off-loop writes
+#: let most checkpoints miss their interval (benchmarks/overhead.py).
+INLINE_WRITE_LIMIT = 4 << 20
+
+
+def _write_durably(path: str, chunks: list[bytes], *sync_dirs: str) -> tuple[int, str]:
+    """Write to a temporary name, fsync, rename over ``path``, then fsync
+    ``sync_dirs``: a crash leaves the old file or the new one. (State files
+    leave their folders' fsync to ``write_metadata``, which does it once per
+    checkpoint before the metadata makes the checkpoint exist.)"""
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    digest = hashlib.sha256()
+    size = 0
+    with open(tmp, "wb") as f:
+        for chunk in chunks:
+            digest.update(chunk)
+            size += len(chunk)
+            f.write(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    for d in sync_dirs:
+        fsync_dir(d)
+    return size, digest.hexdigest()
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+async def _run_off_loop(fn: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
+    # A worker thread cannot be cancelled: shield the wait, so that a
+    # cancelled job waits for the write to land instead of leaving it to
+    # complete (a checkpoint, even) after the job has failed or restarted.
+    with anyio.CancelScope(shield=True):
+        result: _R = await aiofiles.os.wrap(fn)(*args, **kwargs)
+    return result
+
+
+def _checksum_of(meta: dict[str, Any]) -> str:
+    body = {k: v for k, v in meta.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+class CheckpointStorage:
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = os.path.abspath(os.fspath(root))
+
+    # -- layout ----------------------------------------------------------------
+
+    def checkpoint_dir(self, checkpoint_id: int) -> str:
+        return os.path.join(self.root, f"chk-{checkpoint_id}")
+
+    def ensure(self) -> None:
+        os.makedirs(os.path.join(self.root, "shared"), exist_ok=True)
+
+    def checkpoint_ids(self) -> list[int]:
+        """Ids of every ``chk-<n>`` folder, complete or not, ascending."""
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return []
+        return sorted(int(m.group(1)) for n in names if (m := _CHK.match(n)))
+
+    # -- writing ---------------------------------------------------------------
+
+    async def write_file(self, relpath: str, chunks: Iterable[bytes]) -> FileHandle:
+        """Write ``chunks`` durably to ``relpath`` (under the root) and return
+        its handle. Small files are written inline (see
+        ``INLINE_WRITE_LIMIT``); a large one in one call off the loop, so
+        records keep flowing meanwhile."""
+        path = os.path.join(self.root, relpath)
+        data = list(chunks)
+        if sum(map(len, data)) <= INLINE_WRITE_LIMIT:
+            size, sha = _write_durably(path, data)
+        else:
+            size, sha = await _run_off_loop(_write_durably, path, data)
+        return FileHandle(relpath, size, sha)
+
+    async def write_metadata(self, checkpoint_id: int, meta: dict[str, Any]) -> str:
+        """Write ``chk-<n>/_metadata`` last and atomically; from this moment
+        the checkpoint exists."""
+        meta = dict(meta, format_version=FORMAT_VERSION, checkpoint_id=checkpoint_id)
+        meta["checksum"] = _checksum_of(meta)
+        path = self._write_metadata_now(checkpoint_id, meta)
+        await anyio.lowlevel.checkpoint()
+        return path
+
+    def _write_metadata_now(self, checkpoint_id: int, meta: dict[str, Any]) -> str:
+        data = json.dumps(meta, indent=1, sort_keys=True).encode()
+        folder = self.checkpoint_dir(checkpoint_id)
+        path = os.path.join(folder, METADATA)
+        # The renames of the state files must be durable before the metadata
+        # that names them: fsync each of their folders once, here.
+        dirs = {os.path.dirname(os.path.join(self.root, str(f["path"])))
+                for f in meta.get("files", [])}
+        for d in sorted(dirs):
+            if os.path.isdir(d):
+                fsync_dir(d)
+        _write_durably(path, [data], folder, self.root)
+        return path
+
+    def discard(self, checkpoint_id: int) -> None:
+        """Remove a checkpoint folder (aborted, superseded or incomplete).
+
+        The metadata goes first, so a crash half-way through leaves an
+        incomplete folder, never a complete-looking one with files missing."""
+        folder = self.checkpoint_dir(checkpoint_id)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(folder, METADATA))
+        shutil.rmtree(folder, ignore_errors=True)
+
+    # -- reading and verifying -------------------------------------------------
+
+    def read_metadata(self, checkpoint_id: int) -> dict[str, Any]:
+        """The verified metadata of a checkpoint; raises CheckpointCorrupted."""
+        path = os.path.join(self.checkpoint_dir(checkpoint_id), METADATA)
+        try:
+            with open(path, "rb") as f:
+                meta = json.loads(f.read())
+        except FileNotFoundError:
+            raise CheckpointCorrupted(f"{path}: missing (the checkpoint never completed)") from None
+        except (OSError, ValueError) as exc:
+            raise CheckpointCorrupted(f"{path}: unreadable: {exc}") from exc
+        if not isinstance(meta, dict) or meta.get("checksum") != _checksum_of(meta):
+            raise CheckpointCorrupted(f"{path}: checksum mismatch (truncated or altered)")
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise CheckpointCorrupted(
+                f"{path}: format version {meta.get('format_version')!r}, expected {FORMAT_VERSION}"
+            )
+        return meta
+
+    def verify_file(self, handle: FileHandle) -> None:
+        path = os.path.join(self.root, handle.path)
+        digest = hashlib.sha256()
+        size = 0
+        try:
+            with open(path, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+                    size += len(chunk)
+        except OSError as exc:
+            raise CheckpointCorrupted(f"{path}: unreadable: {exc}") from exc
+        if size != handle.size:
+            raise CheckpointCorrupted(f"{path}: {size} bytes, the metadata says {handle.size}")
+        if digest.hexdigest() != handle.sha256:
+            raise CheckpointCorrupted(f"{path}: checksum mismatch")
+
+    def verify(self, checkpoint_id: int) -> dict[str, Any]:
+        """Metadata of a checkpoint whose every file checks out."""
+        meta = self.read_metadata(checkpoint_id)
+        for handle in meta.get("files", []):
+            self.verify_file(FileHandle.from_json(handle))
+        return meta
+
+    def completed_ids(self) -> list[int]:
+        """Checkpoints with readable metadata (files not verified), ascending."""
+        done = []
+        for n in self.checkpoint_ids():
+            if os.path.exists(os.path.join(self.checkpoint_dir(n), METADATA)):
+                done.append(n)
+        return done
+
+    def latest_valid(self, among: Iterable[int] | None = None
+                     ) -> tuple[int, dict[str, Any]] | None:
+        """The newest checkpoint (of ``among``, if given) that verifies,
+        skipping (with a warning naming the file) any that does not."""
+        ids = self.completed_ids()
+        if among is not None:
+            wanted = set(among)
+            ids = [n for n in ids if n in wanted]
+        for n in reversed(ids):
+            try:
+                return n, self.verify(n)
+            except CheckpointCorrupted as exc:
+                log.warning("skipping checkpoint %d: %s", n, exc)
+        return None
+
+    def clean_incomplete(self, keep: set[int] = frozenset()) -> list[int]:  # type: ignore[assignment]
+        """Delete ``chk-*`` folders without metadata (left by a crash or an
+        aborted checkpoint), except those in ``keep`` (in progress)."""
+        removed = []
+        for n in self.checkpoint_ids():
+            if n in keep:
+                continue
+            if not os.path.exists(os.path.join(self.checkpoint_dir(n), METADATA)):
+                self.discard(n)
+                removed.append(n)
+        return removed
+
+    def next_id(self) -> int:
+        ids = self.checkpoint_ids()
+        return (ids[-1] + 1) if ids else 1
+
+
+def now() -> float:
+    return time.time()

@@ -1,0 +1,85 @@
+"""The job that ``tests/runtime/test_sigkill.py`` kills and restarts.
+
+``from_log -> key_by(key) -> map_with_state(running count and sum) -> FileSink``.
+Each log record is ``[key, seq, value]``; the stateful map emits
+``[key, seq, count, sum]``, where ``count`` and ``sum`` run over the key's
+records so far. The test writes every key's records into one partition, so a
+key's records arrive in log order and each output record is deterministic:
+a failure-free run and any number of crash-and-restore runs must commit the
+very same set of records, each exactly once.
+
+Settings come from environment variables, so the same file runs under
+``eddyflow run`` (``--restore latest``) and directly:
+
+* ``EF_SIGKILL_LOG``  the ``ef.Log`` folder to read (required)
+* ``EF_SIGKILL_OUT``  the ``FileSink`` folder (required)
+* ``EF_SIGKILL_CHK``  the checkpoint folder (required)
+* ``EF_SIGKILL_INTERVAL``  checkpoint interval in seconds (default 0.05)
+* ``EF_SIGKILL_PARALLELISM``  parallelism of every operator (default: the
+  environment's, e.g. ``eddyflow run -p 2``)
+* ``EF_SIGKILL_SLOW``  seconds of busy work per 1,000 records in the stateful
+  map (default 0: full speed), to stretch the job on a fast machine
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import eddyflow as ef
+
+State = tuple[int, int]
+
+
+def _setting(name: str) -> str:
+    try:
+        return os.environ[name]
+    except KeyError:
+        raise RuntimeError(f"sigkill_job: set the environment variable {name}") from None
+
+
+def make_step(slow: float) -> Any:
+    """The stateful map: running count and sum per key (plus optional busy work)."""
+    per_record = slow / 1000.0
+
+    def step(record: list[Any], state: State | None) -> tuple[list[Any], State]:
+        key, seq, value = record
+        count, total = state if state is not None else (0, 0)
+        count += 1
+        total += value
+        if per_record:
+            until = time.perf_counter() + per_record
+            while time.perf_counter() < until:
+                pass
+        return [key, seq, count, total], (count, total)
+
+    return step
+
+
+def first(record: list[Any]) -> Any:
+    """The key of a log record."""
+    return record[0]
+
+
+def build(env: ef.StreamEnvironment) -> None:
+    if "EF_SIGKILL_PARALLELISM" in os.environ:  # else the runner's (``eddyflow run -p``)
+        env.parallelism = int(os.environ["EF_SIGKILL_PARALLELISM"])
+    env.enable_checkpointing(
+        interval=float(os.environ.get("EF_SIGKILL_INTERVAL", "0.05")),
+        directory=_setting("EF_SIGKILL_CHK"),
+    )
+    slow = float(os.environ.get("EF_SIGKILL_SLOW", "0"))
+    (
+        env.from_log(_setting("EF_SIGKILL_LOG"))
+        .key_by(first)
+        .map_with_state(make_step(slow))
+        .name("running")
+        .sink_to(ef.FileSink(_setting("EF_SIGKILL_OUT")))
+    )
+
+
+if __name__ == "__main__":
+    environment = ef.StreamEnvironment()
+    build(environment)
+    print(environment.execute("sigkill", restore="latest"))

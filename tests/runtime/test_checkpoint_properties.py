@@ -1,0 +1,545 @@
+"""Property test of checkpointing under injected failures (DESIGN.md §2, §4, §9).
+
+Hypothesis draws a random DAG — 1 to 6 operators among map, key-changing
+map, filter, flat_map, rebalance, a union of two branches, and the keyed
+count / sum / reduce / map_with_state, each at parallelism 1-4 — over a
+``from_collection`` source of a few thousand deterministic records, with a
+small batch size so that many barriers interleave with the records. One run
+without checkpointing and without failures is the reference. The checked
+run takes checkpoints every few milliseconds (in a quarter of the examples
+with a timeout of a few milliseconds, so that checkpoints are aborted too)
+and fails: a ``FailingMap`` at a random place in the DAG fails once or
+twice, and/or one of the runtime's fault points (while aligning, during the
+asynchronous write, before the metadata, between pre-commit and commit) is
+armed.
+
+In ``exactly_once`` and ``synchronous`` mode the committed sink output must
+equal the reference as a multiset (nothing lost, nothing duplicated), in the
+same per-key order wherever the DAG makes that order deterministic, and the
+final keyed state of every keyed operator must equal the reference. In
+``at_least_once`` mode no reference record may be missing from the output
+and no keyed state may be behind the reference (the DAG then uses only
+keyed functions whose outputs grow monotonically with duplicates, so "at
+least once" is a checkable property of the output).
+
+Every restart must have been caused by an injected failure (a restart for
+any other reason is a bug that the restart strategy would otherwise hide),
+and across the examples most runs must actually have failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
+
+import eddyflow as ef
+from eddyflow.runtime import faults
+
+Record = tuple[int, int]
+MOD = 100_003
+
+# -- the operators --------------------------------------------------------------
+#
+# Records are ``(key, value)`` pairs of ints throughout; every keyed operator
+# keys by ``record[0]`` and its output is brought back to that shape.
+
+KINDS = ("map", "rekey", "filter", "flat_map", "rebalance", "union",
+         "count", "sum", "reduce", "mws")
+KEYED = frozenset({"count", "sum", "reduce", "mws"})
+FAULT_POINTS = ("task.aligning", "snapshot.async_write",
+                "checkpoint.before_metadata", "sink.before_commit")
+
+
+def f_map(r: Record) -> Record:
+    return (r[0], (r[1] * 3 + r[0] + 1) % MOD)
+
+
+def f_rekey(r: Record) -> Record:
+    return ((r[0] * 7 + r[1]) % 41, r[1])
+
+
+def f_filter(r: Record) -> bool:
+    return r[1] % 4 != 1
+
+
+def f_flat_map(r: Record) -> list[Record]:
+    return [(r[0], (r[1] + 13 * j) % MOD) for j in range(r[1] % 3)]
+
+
+def f_rebalanced(r: Record) -> Record:
+    return (r[0], (r[1] + 5) % MOD)
+
+
+def f_branch_a(r: Record) -> Record:
+    return (r[0], (r[1] * 5 + 2) % MOD)
+
+
+def f_even(r: Record) -> bool:
+    return r[0] % 2 == 0
+
+
+def f_odd(r: Record) -> bool:
+    return r[0] % 2 == 1
+
+
+def key0(r: Any) -> Any:
+    return r[0]
+
+
+def identity(r: Any) -> Any:
+    return r
+
+
+def weight_of_key(r: Record) -> int:
+    """A value that depends on the key only: running sums of it do not depend
+    on the order in which a key's records arrive."""
+    return r[0] % 5 + 1
+
+
+def to_weight(r: Record) -> Record:
+    return (r[0], weight_of_key(r))
+
+
+def reduce_ordered(a: Record, b: Record) -> Record:
+    return (a[0], (a[1] * 31 + b[1]) % MOD)
+
+
+def reduce_add(a: Record, b: Record) -> Record:
+    return (a[0], a[1] + b[1])
+
+
+def unwrap_reduced(kv: tuple[int, Record]) -> Record:
+    return (kv[0], kv[1][1])
+
+
+def mws_ordered(r: Record, s: int | None) -> tuple[Record, int]:
+    new = ((s or 0) * 17 + r[1] + 1) % MOD
+    return (r[0], new), new
+
+
+def mws_counting(r: Record, s: int | None) -> tuple[Record, int]:
+    new = (s or 0) + weight_of_key(r)
+    return (r[0], new), new
+
+
+class Pace:
+    """Identity map that sleeps a millisecond every ``every`` records, so a job
+    of a few thousand records lasts long enough for several checkpoints."""
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self.n = 0
+
+    def __call__(self, r: Any) -> Any:
+        self.n += 1
+        if self.n % self.every == 0:
+            time.sleep(0.001)
+        return r
+
+
+# -- the cases ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Op:
+    kind: str
+    parallelism: int  # 0: that of the operator before
+    parallelism_b: int = 0  # the second branch of a union (0: as before)
+    copy: bool = False  # union: both branches carry every record (disjoint keys)
+
+
+@dataclass(frozen=True)
+class Case:
+    n_records: int
+    n_keys: int
+    source_parallelism: int
+    ops: tuple[Op, ...]
+    sink_parallelism: int  # 0: that of the operator before the sink
+    batch_size: int
+    interval: float
+    timeout: float  # sometimes so short that checkpoints are aborted
+    mode: str
+    retained: int
+    file_sink: bool
+    fail_at: int | None  # index into ops where the FailingMap goes, or None
+    fail_parallelism: int
+    fail_fraction: float
+    fail_times: int
+    fault_point: str | None
+    fault_after: int
+    # Prefer parallelisms that keep each key's records in order, so that
+    # per-key order can be checked (keyed operators still change parallelism).
+    keep_order: bool = False
+
+
+# Keeping the parallelism often keeps per-key order deterministic (forward edges).
+PARALLELISM = st.sampled_from([0, 0, 1, 2, 3, 4])
+
+
+@st.composite
+def cases(draw: st.DrawFn, modes: tuple[str, ...]) -> Case:
+    n_ops = draw(st.integers(1, 6))
+    ops = []
+    for _ in range(n_ops):
+        kind = draw(st.sampled_from(KINDS))
+        ops.append(Op(kind, draw(PARALLELISM), draw(PARALLELISM), draw(st.booleans())))
+    fail_at = draw(st.none() | st.integers(0, n_ops))
+    fault_point = draw(st.none() | st.sampled_from(FAULT_POINTS))
+    if fail_at is None and fault_point is None:
+        fail_at = draw(st.integers(0, n_ops))  # always some failure
+    return Case(
+        n_records=draw(st.integers(1000, 4000)),
+        n_keys=draw(st.integers(3, 60)),
+        source_parallelism=draw(st.sampled_from([1, 1, 2])),
+        ops=tuple(ops),
+        sink_parallelism=draw(st.integers(0, 4)),
+        batch_size=draw(st.integers(16, 64)),
+        interval=draw(st.floats(0.005, 0.05)),
+        timeout=draw(st.one_of(st.just(60.0), st.just(60.0), st.just(60.0),
+                               st.floats(0.002, 0.03))),
+        mode=draw(st.sampled_from(modes)),
+        retained=draw(st.integers(1, 3)),
+        file_sink=draw(st.sampled_from([False, False, True])),
+        fail_at=fail_at,
+        fail_parallelism=draw(PARALLELISM),
+        fail_fraction=draw(st.floats(0.05, 0.95)),
+        fail_times=draw(st.integers(1, 2)),
+        fault_point=fault_point,
+        fault_after=draw(st.integers(0, 6)),
+        keep_order=draw(st.booleans()),
+    )
+
+
+# -- building a case ------------------------------------------------------------
+
+
+@dataclass
+class _In:
+    """One input of the next operator: the producer's parallelism, whether
+    each key's records sit in one producer subtask in a deterministic order
+    (``ordered``), and whether the whole stream is one deterministic
+    sequence (``single``)."""
+
+    parallelism: int
+    ordered: bool
+    single: bool
+
+
+def _through(ins: list[_In], p: int, *, rekey: bool = False,
+             rebalance: bool = False) -> _In:
+    """What a new operator at parallelism ``p`` sees of its inputs' order.
+    Several inputs only arise from a union whose branches hold disjoint keys."""
+    ordered, single = True, len(ins) == 1
+    for i in ins:
+        if i.parallelism == p and not (rebalance and p > 1):
+            o, s = i.ordered, i.single  # forward (or one channel)
+        elif p == 1:
+            o, s = i.ordered, i.single and i.parallelism == 1
+        else:
+            o, s = False, False  # a key's records spread over subtasks
+        ordered &= o
+        single &= s
+    if rekey:
+        ordered = single  # new keys gather records from many old keys
+    return _In(p, ordered, single)
+
+
+def _through_keyed(ins: list[_In], p: int) -> _In:
+    # A key's records come from one producer subtask in order, over one channel.
+    ordered = all(i.ordered for i in ins)
+    single = len(ins) == 1 and ins[0].single and p == 1
+    return _In(p, ordered, single)
+
+
+@dataclass
+class Built:
+    keyed_uids: list[str] = field(default_factory=list)
+    ordered_at_sink: bool = False
+    sensitive: list[str] = field(default_factory=list)
+
+
+def build(env: ef.StreamEnvironment, case: Case, sink: ef.Sink, *,
+          failing: Callable[[Any], Any], pace: Callable[[Any], Any]) -> Built:
+    out = Built()
+    records = [(i % case.n_keys, (i * 7919) % 10_007) for i in range(case.n_records)]
+    sp = 1 if case.keep_order else case.source_parallelism
+    ds = env.from_collection(records).set_parallelism(sp)
+    ds = ds.map(pace).name("pace").set_parallelism(sp)
+    ins = [_In(sp, sp == 1, sp == 1)]
+
+    def parallelism(requested: int, keyed: bool = False) -> int:
+        current = ins[0].parallelism
+        if case.keep_order and not keyed and requested != 1:
+            return current
+        return requested or current
+    key_bound = case.n_keys  # keys lie in [0, key_bound)
+    ops = list(case.ops)
+    if case.fail_at is not None:
+        ops.insert(case.fail_at, Op("fail", case.fail_parallelism))
+    # at_least_once replays records into state: only order-insensitive,
+    # monotone keyed functions keep "no loss" checkable on the output.
+    may_be_sensitive = case.mode != "at_least_once"
+    for i, op in enumerate(ops):
+        k = op.kind
+        p = parallelism(op.parallelism, keyed=k in KEYED)
+        if k == "rebalance" and case.keep_order:
+            p = 1
+        if k == "fail":
+            ds = ds.map(failing).name("failing").set_parallelism(p)
+            ins = [_through(ins, p)]
+        elif k == "map":
+            ds = ds.map(f_map).set_parallelism(p)
+            ins = [_through(ins, p)]
+        elif k == "rekey":
+            ds = ds.map(f_rekey).set_parallelism(p)
+            ins = [_through(ins, p, rekey=True)]
+            key_bound = 41
+        elif k == "filter":
+            ds = ds.filter(f_filter).set_parallelism(p)
+            ins = [_through(ins, p)]
+        elif k == "flat_map":
+            ds = ds.flat_map(f_flat_map).set_parallelism(p)
+            ins = [_through(ins, p)]
+        elif k == "rebalance":
+            ds = ds.rebalance().map(f_rebalanced).set_parallelism(p)
+            ins = [_through(ins, p, rebalance=True)]
+        elif k == "union":
+            pa, pb = p, parallelism(op.parallelism_b)
+            if op.copy:
+                # Both branches carry every record; B shifts keys out of A's range.
+                offset = key_bound
+
+                def shift(r: Record, offset: int = offset) -> Record:
+                    return (r[0] + offset, (r[1] * 3 + 1) % MOD)
+
+                a = ds.map(f_branch_a).set_parallelism(pa)
+                b = ds.map(shift).set_parallelism(pb)
+                key_bound *= 2
+            else:
+                a = ds.filter(f_even).set_parallelism(pa).map(f_branch_a).set_parallelism(pa)
+                b = ds.filter(f_odd).set_parallelism(pb)
+            ins = [_through(ins, pa), _through(ins, pb)]
+            ds = a.union(b)
+        else:
+            assert k in KEYED
+            kin = _through_keyed(ins, p)
+            sensitive = may_be_sensitive and kin.ordered
+            uid = f"{k}{i}"
+            src = ds
+            if k == "reduce" and not sensitive:
+                src = ds.map(to_weight).set_parallelism(p)
+                ins = [_through(ins, p)]
+                kin = _through_keyed(ins, p)
+            keyed = src.key_by(key0)
+            if k == "count":
+                ds = keyed.count().name(uid).set_parallelism(p)
+            elif k == "sum":
+                vf = (lambda r: r[1]) if sensitive else weight_of_key
+                ds = keyed.sum(vf).name(uid).set_parallelism(p)
+            elif k == "reduce":
+                fn = reduce_ordered if sensitive else reduce_add
+                ds = keyed.reduce(fn).name(uid).set_parallelism(p)
+                ds = ds.map(unwrap_reduced).set_parallelism(p)
+            else:
+                fn2 = mws_ordered if sensitive else mws_counting
+                ds = keyed.map_with_state(fn2).name(uid).set_parallelism(p)
+            out.keyed_uids.append(uid)
+            if sensitive and k != "count":
+                out.sensitive.append(uid)
+            ins = [kin]
+    ps = parallelism(case.sink_parallelism)
+    out.ordered_at_sink = _through(ins, ps).ordered
+    ds.sink_to(sink).set_parallelism(ps)
+    return out
+
+
+# -- running --------------------------------------------------------------------
+
+
+def run_job(env: ef.StreamEnvironment, timeout: float = 60.0) -> ef.JobResult:
+    """``env.execute`` with a watchdog: a hung job fails the test."""
+    async def go() -> ef.JobResult:
+        return await asyncio.wait_for(env.execute_async("property"), timeout)
+    return asyncio.run(go())
+
+
+def read_parts(folder: Path) -> list[Any]:
+    out: list[Any] = []
+    for name in sorted(os.listdir(folder)):
+        if name.startswith("part-"):
+            with open(folder / name, encoding="utf-8") as f:
+                out.extend(tuple(json.loads(line)) for line in f)
+    return out
+
+
+def per_key(records: list[Any]) -> dict[Any, list[Any]]:
+    got: dict[Any, list[Any]] = defaultdict(list)
+    for r in records:
+        got[r[0]].append(r)
+    return dict(got)
+
+
+class _Restarts(logging.Handler):
+    """Collects the messages of the environment's restart warnings."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if "restart" in msg:
+            self.messages.append(msg)
+
+
+@pytest.fixture(autouse=True)
+def _disarm() -> Iterator[None]:
+    faults.disarm_all()
+    yield
+    faults.disarm_all()
+
+
+@dataclass
+class Stats:
+    examples: int = 0
+    failed: int = 0
+    failing_map_expected: int = 0
+    fault_fired: int = 0
+    checkpoints: int = 0
+    per_key_checked: int = 0
+
+
+def check_case(case: Case, workdir: Path, stats: Stats) -> None:
+    note(repr(case))
+    stats.examples += 1
+
+    # The reference: no checkpointing, no failures.
+    env = ef.StreamEnvironment(parallelism=2, batch_size=case.batch_size)
+    ref_sink = ef.ListSink()
+    ref_built = build(env, case, ref_sink, failing=identity, pace=identity)
+    ref = run_job(env)
+    reference = list(ref_sink.results)
+    through_failing = ref.records_in.get("failing", 0)
+
+    # The checked run.
+    os.makedirs(workdir)
+    env = ef.StreamEnvironment(parallelism=2, batch_size=case.batch_size)
+    env.enable_checkpointing(case.interval, workdir / "chk", mode=case.mode,
+                             retained=case.retained, timeout=case.timeout)
+    env.set_restart_strategy(ef.FixedDelayRestart(attempts=6, delay=0))
+    failing = ef.testing.FailingMap(
+        after=max(1, int(case.fail_fraction * max(through_failing, 1))),
+        times=case.fail_times)
+    sink: ef.Sink = ef.FileSink(workdir / "out") if case.file_sink else ef.ListSink()
+    built = build(env, case, sink, failing=failing, pace=Pace(max(1, case.batch_size // 2)))
+    assert built.keyed_uids == ref_built.keyed_uids
+    if case.fault_point is not None:
+        ef.testing.arm(case.fault_point, after=case.fault_after, times=1)
+    watcher = _Restarts()
+    logger = logging.getLogger("eddyflow")
+    logger.addHandler(watcher)
+    try:
+        result = run_job(env)
+    finally:
+        logger.removeHandler(watcher)
+        ef.testing.disarm_all()
+    note(f"restarts={result.restarts} failing={failing!r} "
+         f"checkpoints={result.completed_checkpoints} restart log={watcher.messages}")
+
+    # Every restart was one of ours.
+    assert len(watcher.messages) == result.restarts
+    for msg in watcher.messages:
+        assert "InjectedFailure" in msg or "injected failure" in msg, msg
+    # (Subtasks of one FailingMap may both fail in one attempt: one restart.)
+    assert result.restarts <= failing.failures + (case.fault_point is not None)
+    if case.fail_at is not None and through_failing >= 1:
+        stats.failing_map_expected += 1
+        assert failing.failures >= 1
+        assert result.restarts >= 1
+    if any(f"injected failure at {case.fault_point}" in m for m in watcher.messages):
+        stats.fault_fired += 1
+    stats.failed += result.restarts >= 1
+    stats.checkpoints += len(result.completed_checkpoints) - 1  # periodic ones, roughly
+    assert result.completed_checkpoints, "at least the final checkpoint completes"
+    # (retention across restarts is checked in test_checkpoint_recovery.py)
+    on_disk = [c.id for c in ef.list_checkpoints(workdir / "chk")]
+    assert on_disk and on_disk[-1] == max(result.completed_checkpoints)
+
+    # The output.
+    if case.file_sink:
+        out_dir = workdir / "out"
+        got = read_parts(out_dir) if out_dir.exists() else []
+        if out_dir.exists():
+            leftovers = [n for n in os.listdir(out_dir) if not n.startswith("part-")]
+            assert leftovers == [], f"uncommitted files left behind: {leftovers}"
+    else:
+        assert isinstance(sink, ef.ListSink)
+        got = list(sink.results)
+
+    want_c, got_c = Counter(reference), Counter(got)
+    if case.mode == "at_least_once":
+        lost = want_c - got_c
+        assert not lost, f"{sum(lost.values())} records lost, e.g. {list(lost)[:5]}"
+    else:
+        lost, dup = want_c - got_c, got_c - want_c
+        assert not lost and not dup, (
+            f"{sum(lost.values())} lost (e.g. {list(lost)[:5]}), "
+            f"{sum(dup.values())} duplicated or wrong (e.g. {list(dup)[:5]})")
+        if built.ordered_at_sink and not case.file_sink:
+            stats.per_key_checked += 1
+            assert per_key(got) == per_key(reference)
+
+    # The final keyed state.
+    for uid in built.keyed_uids:
+        want, have = ref.state(uid), result.state(uid)
+        if case.mode == "at_least_once":
+            missing = set(want) - set(have)
+            assert not missing, f"{uid}: keys lost from state: {sorted(missing)[:5]}"
+            behind = {k: (want[k], have[k]) for k in want if have[k] < want[k]}
+            assert not behind, f"{uid}: state behind the reference: {behind}"
+        else:
+            assert have == want, f"{uid}: final state differs from the failure-free run"
+
+
+def _run_property(tmp_path: Path, examples: int, modes: tuple[str, ...],
+                  min_failed: float) -> Stats:
+    stats = Stats()
+
+    @settings(max_examples=examples, deadline=None, derandomize=False,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(case=cases(modes))
+    def prop(case: Case) -> None:
+        check_case(case, tmp_path / f"ex{stats.examples}", stats)
+
+    prop()
+    # Most examples must actually have exercised recovery.
+    assert stats.failed >= min_failed * stats.examples, stats
+    # Barriers did interleave with the records: periodic checkpoints completed.
+    assert stats.checkpoints >= 2 * stats.examples, stats
+    return stats
+
+
+MODES = ("exactly_once", "at_least_once", "synchronous")
+
+
+def test_checkpointing_survives_random_failures(tmp_path: Path) -> None:
+    _run_property(tmp_path, examples=25, modes=MODES, min_failed=0.6)
+
+
+@pytest.mark.slow
+def test_checkpointing_survives_random_failures_soak(tmp_path: Path) -> None:
+    stats = _run_property(tmp_path, examples=300, modes=MODES, min_failed=0.7)
+    assert stats.fault_fired >= 0.1 * stats.examples, stats
+    assert stats.per_key_checked >= 0.05 * stats.examples, stats

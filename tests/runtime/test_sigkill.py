@@ -1,0 +1,248 @@
+"""Crash recovery of a whole process: SIGKILL at random moments, then restore.
+
+The job (``jobs/sigkill_job.py``: ``from_log -> key_by -> map_with_state ->
+FileSink``, parallelism 2, a checkpoint every 50 ms) runs in a child process
+under ``python -m eddyflow.cli.main run JOB --restore latest``. The test
+kills that process with SIGKILL — no cleanup, no ``finally``, no flush —
+several times at random moments, each time starting it again with
+``--restore latest``, and finally lets it run to completion. Then the
+committed output (the ``part-*`` files of the sink's folder) must be exactly
+what a failure-free computation produces: every expected record exactly once,
+no duplicates, nothing missing, and every key's last committed running count
+and sum equal to the true ones.
+
+Every key's records live in one log partition, so each output record
+``[key, seq, count, sum]`` is deterministic and the expected output is
+computed here in plain Python, independently of eddyflow.
+
+Kill moments alternate between two kinds, both drawn from a seeded random
+generator (``EF_SIGKILL_SEED`` overrides the seed): a random delay after the
+process starts (which may land during start-up, during a checkpoint, between
+pre-commit and commit, ...), and a short random delay after the run has
+completed a checkpoint of its own — so that, whatever the machine's load,
+kills do interrupt runs that had made progress. Nothing asserts on timing:
+a run that finishes before its kill simply ends the killing early.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import eddyflow as ef
+
+JOB = Path(__file__).parent / "jobs" / "sigkill_job.py"
+SRC = Path(ef.__file__).resolve().parents[1]  # the eddyflow under test, for the child
+PARTITIONS = 4
+RUN_TIMEOUT = 300.0  # the last, uninterrupted run: generous on a loaded machine
+CHECKPOINT_WAIT = 60.0  # longest wait for a run's first checkpoint before killing anyway
+
+Output = tuple[str, int, int, int]
+
+
+@dataclass
+class KillLog:
+    """What happened to each run, for assertions and failure messages."""
+
+    kills: int = 0
+    effective: int = 0  # kills of a live run that had completed a checkpoint of its own
+    finished_early: int = 0  # runs that completed before their kill came
+    events: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        return (f"{self.kills} kills ({self.effective} after a checkpoint of that run), "
+                f"{self.finished_early} runs finished before their kill; "
+                + "; ".join(self.events))
+
+
+def fill_log(path: Path, records: int, keys: int) -> list[list[Any]]:
+    """Write ``records`` records ``[key, seq, value]``; key ``k{j}`` lives in
+    partition ``j % PARTITIONS``. Returns the partitions' records in order."""
+    parts: list[list[Any]] = [[] for _ in range(PARTITIONS)]
+    with ef.Log(path, PARTITIONS) as log:
+        for seq in range(records):
+            j = (seq * 7919) % keys  # every key, in a scrambled order
+            p = j % PARTITIONS
+            record = [f"k{j}", seq, seq % 13]
+            log.append(record, partition=p)
+            parts[p].append(record)
+    return parts
+
+
+def expected_output(parts: list[list[Any]]) -> tuple[list[Output], dict[str, tuple[int, int]]]:
+    """The failure-free output and each key's final (count, sum)."""
+    state: dict[str, tuple[int, int]] = {}
+    out: list[Output] = []
+    for records in parts:
+        for key, seq, value in records:
+            count, total = state.get(key, (0, 0))
+            count, total = count + 1, total + value
+            state[key] = (count, total)
+            out.append((key, seq, count, total))
+    return out, state
+
+
+def committed_output(folder: Path) -> list[Output]:
+    """Every record of the committed ``part-*`` files (nothing else counts)."""
+    out: list[Output] = []
+    for path in sorted(folder.iterdir()):
+        if not path.name.startswith("part-"):
+            continue
+        for line in path.read_text(encoding="utf-8").splitlines():
+            key, seq, count, total = json.loads(line)
+            out.append((key, seq, count, total))
+    return out
+
+
+def latest_checkpoint(directory: Path) -> int:
+    """Id of the newest completed checkpoint (0 if none)."""
+    done = ef.list_checkpoints(directory) if directory.exists() else []
+    return max((c.id for c in done), default=0)
+
+
+class JobProcess:
+    """Starts the job file under the CLI with ``--restore latest``."""
+
+    def __init__(self, tmp: Path, log: Path, out: Path, chk: Path, slow: float) -> None:
+        self.tmp = tmp
+        self.env = dict(os.environ)
+        self.env["PYTHONPATH"] = os.pathsep.join(
+            [str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])])
+        self.env.update(EF_SIGKILL_LOG=str(log), EF_SIGKILL_OUT=str(out),
+                        EF_SIGKILL_CHK=str(chk), EF_SIGKILL_INTERVAL="0.05",
+                        EF_SIGKILL_SLOW=str(slow))
+        self.runs = 0
+
+    def start(self) -> tuple[subprocess.Popen[bytes], Path]:
+        self.runs += 1
+        # A file, not a pipe: nobody reads a pipe while the child runs, and a
+        # full pipe would block it.
+        stderr_path = self.tmp / f"run-{self.runs}.stderr"
+        with open(stderr_path, "wb") as stderr:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "eddyflow.cli.main", "run", str(JOB),
+                 "--parallelism", "2", "--restore", "latest"],
+                env=self.env, stdout=subprocess.DEVNULL, stderr=stderr,
+            )
+        return proc, stderr_path
+
+
+def wait_for_checkpoint_after(proc: subprocess.Popen[bytes], chk: Path, after: int) -> bool:
+    """Poll until a checkpoint newer than ``after`` completes (True) or the
+    process ends (False); give up waiting after CHECKPOINT_WAIT seconds."""
+    deadline = time.monotonic() + CHECKPOINT_WAIT
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        if latest_checkpoint(chk) > after:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def kill_and_restart(tmp: Path, *, records: int, keys: int, kills: int, slow: float,
+                     seed: int) -> None:
+    rng = random.Random(seed)
+    log, out, chk = tmp / "log", tmp / "out", tmp / "chk"
+    parts = fill_log(log, records, keys)
+    expected, final = expected_output(parts)
+    job = JobProcess(tmp, log, out, chk, slow)
+    history = KillLog()
+    context = f"seed {seed}"
+
+    for k in range(kills):
+        before = latest_checkpoint(chk)
+        proc, stderr_path = job.start()
+        if k % 2 == 0:
+            delay = rng.uniform(0.2, 1.5)
+            time.sleep(delay)
+            how = f"{delay:.2f}s after start"
+        else:
+            delay = rng.uniform(0.0, 0.3)
+            wait_for_checkpoint_after(proc, chk, before)
+            time.sleep(delay)
+            how = f"{delay:.2f}s after its first checkpoint"
+        if proc.poll() is not None:  # finished (or failed) before the kill
+            rc = proc.wait()
+            stderr = stderr_path.read_text(errors="replace")
+            assert rc == 0, f"run {job.runs} failed with exit code {rc} ({context}):\n{stderr}"
+            history.finished_early += 1
+            history.events.append(f"run {job.runs} finished before its kill ({how})")
+            break
+        at_kill = latest_checkpoint(chk)
+        os.kill(proc.pid, signal.SIGKILL)  # not reaped yet: the pid is still this child's
+        rc = proc.wait()
+        if rc == 0:  # it finished between the poll and the kill
+            history.finished_early += 1
+            history.events.append(f"run {job.runs} finished just before its kill ({how})")
+            break
+        assert rc == -signal.SIGKILL, (f"run {job.runs}: exit code {rc}, expected SIGKILL "
+                                       f"({context}):\n{stderr_path.read_text(errors='replace')}")
+        history.kills += 1
+        if at_kill > before:
+            history.effective += 1
+        history.events.append(f"run {job.runs} killed {how}, checkpoints {before}->{at_kill}")
+
+    # The last run: no kill, to completion.
+    proc, stderr_path = job.start()
+    try:
+        rc = proc.wait(timeout=RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        pytest.fail(f"the final run did not finish in {RUN_TIMEOUT} s ({context}); "
+                    f"{history.summary()}")
+    stderr = stderr_path.read_text(errors="replace")
+    assert rc == 0, f"the final run failed with exit code {rc} ({context}):\n{stderr}"
+    context += f"; {history.summary()}"
+
+    # The test must have shown something: a kill that destroyed a run's
+    # progress after it had checkpointed (the machine's load cannot prevent
+    # that, since every other kill waits for a checkpoint of its run).
+    assert history.effective >= 1, f"no kill interrupted a run after a checkpoint ({context})"
+
+    got = committed_output(out)
+    counts = collections.Counter(got)
+    duplicates = sorted(r for r, n in counts.items() if n > 1)
+    want = set(expected)
+    missing = sorted(want - counts.keys())
+    unexpected = sorted(counts.keys() - want)
+    assert not duplicates, (f"{len(duplicates)} records committed more than once, "
+                            f"e.g. {duplicates[:5]} ({context})")
+    assert not unexpected, (f"{len(unexpected)} committed records a failure-free run does not "
+                            f"produce, e.g. {unexpected[:5]} ({context})")
+    assert not missing, (f"{len(missing)} records never committed, e.g. {missing[:5]} "
+                         f"({context})")
+    assert len(got) == len(expected) == records
+
+    last: dict[str, tuple[int, int]] = {}
+    for key, _seq, count, total in got:
+        if count > last.get(key, (0, 0))[0]:
+            last[key] = (count, total)
+    assert last == final, f"final committed running counts differ ({context})"
+    print(f"{len(got):,} records committed exactly once after {context}")
+
+
+def _seed(default: int) -> int:
+    return int(os.environ.get("EF_SIGKILL_SEED", default))
+
+
+def test_sigkill_at_random_moments_then_restore_latest_is_exactly_once(tmp_path: Path) -> None:
+    kill_and_restart(tmp_path, records=200_000, keys=500, kills=10, slow=0.01, seed=_seed(7))
+
+
+@pytest.mark.slow
+def test_sigkill_soak_many_kills_more_data(tmp_path: Path) -> None:
+    kill_and_restart(tmp_path, records=1_000_000, keys=5_000, kills=24, slow=0.005,
+                     seed=_seed(2015))

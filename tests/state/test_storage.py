@@ -1,0 +1,388 @@
+"""Unit tests of checkpoint storage (DESIGN.md §6) and of the keyed-state
+file format organised by key group (DESIGN.md §4).
+
+``CheckpointStorage``: durable writes whose handle carries size and SHA-256,
+verification that catches flipped bytes, truncation and missing files,
+checksummed ``_metadata`` written last, ``latest_valid`` skipping damaged or
+half-written checkpoints with a warning naming the bad file,
+``clean_incomplete`` and ``discard``. ``write_keyed_state`` /
+``read_key_groups``: a round trip, and reading only the key groups a subtask
+owns at another parallelism (rescaling), which must partition the state
+exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eddyflow.keygroups import key_group_for, key_group_range
+from eddyflow.state import storage as storage_module
+from eddyflow.state.snapshot import read_key_groups, write_keyed_state
+from eddyflow.state.storage import (
+    METADATA,
+    CheckpointCorrupted,
+    CheckpointStorage,
+    FileHandle,
+)
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> CheckpointStorage:
+    s = CheckpointStorage(tmp_path / "chk")
+    s.ensure()
+    return s
+
+
+def write(storage: CheckpointStorage, relpath: str, *chunks: bytes) -> FileHandle:
+    return asyncio.run(storage.write_file(relpath, list(chunks)))
+
+
+def complete(storage: CheckpointStorage, n: int, payload: bytes = b"state") -> FileHandle:
+    """A complete checkpoint ``n`` with one state file."""
+    handle = write(storage, f"chk-{n}/op-0/keyed-state", payload)
+    asyncio.run(storage.write_metadata(n, {"files": [handle.to_json()], "note": f"cp {n}"}))
+    return handle
+
+
+def flip_byte(path: Path, at: int = 0) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+# -- write_file and verify_file -----------------------------------------------------
+
+
+def test_write_file_round_trip(storage: CheckpointStorage) -> None:
+    handle = write(storage, "chk-1/op-0/keyed-state", b"hello ", b"", b"world")
+    assert handle.path == "chk-1/op-0/keyed-state"
+    assert handle.size == 11
+    assert handle.sha256 == hashlib.sha256(b"hello world").hexdigest()
+    path = Path(storage.root, handle.path)
+    assert path.read_bytes() == b"hello world"
+    assert os.listdir(path.parent) == ["keyed-state"]  # no temporary file left
+    storage.verify_file(handle)
+    assert FileHandle.from_json(json.loads(json.dumps(handle.to_json()))) == handle
+
+
+def test_write_file_replaces_atomically(storage: CheckpointStorage) -> None:
+    write(storage, "chk-1/f", b"old content")
+    handle = write(storage, "chk-1/f", b"new")
+    assert Path(storage.root, "chk-1/f").read_bytes() == b"new"
+    storage.verify_file(handle)
+
+
+def test_empty_file_verifies(storage: CheckpointStorage) -> None:
+    handle = write(storage, "chk-1/empty")
+    assert handle.size == 0
+    storage.verify_file(handle)
+
+
+def test_flipped_byte_is_a_checksum_mismatch(storage: CheckpointStorage) -> None:
+    handle = write(storage, "chk-1/f", b"0123456789")
+    path = Path(storage.root, handle.path)
+    flip_byte(path, 5)
+    with pytest.raises(CheckpointCorrupted, match="checksum mismatch") as info:
+        storage.verify_file(handle)
+    assert str(path) in str(info.value)
+
+
+def test_truncated_file_is_detected(storage: CheckpointStorage) -> None:
+    handle = write(storage, "chk-1/f", b"0123456789")
+    path = Path(storage.root, handle.path)
+    path.write_bytes(b"01234")
+    with pytest.raises(CheckpointCorrupted, match="5 bytes") as info:
+        storage.verify_file(handle)
+    assert str(path) in str(info.value)
+
+
+def test_appended_file_is_detected(storage: CheckpointStorage) -> None:
+    handle = write(storage, "chk-1/f", b"0123456789")
+    with open(Path(storage.root, handle.path), "ab") as f:
+        f.write(b"x")
+    with pytest.raises(CheckpointCorrupted):
+        storage.verify_file(handle)
+
+
+def test_missing_file_is_detected(storage: CheckpointStorage) -> None:
+    handle = write(storage, "chk-1/f", b"data")
+    Path(storage.root, handle.path).unlink()
+    with pytest.raises(CheckpointCorrupted, match="unreadable"):
+        storage.verify_file(handle)
+
+
+# -- metadata -----------------------------------------------------------------------
+
+
+def test_metadata_round_trip_and_verify(storage: CheckpointStorage) -> None:
+    handle = complete(storage, 3)
+    meta = storage.read_metadata(3)
+    assert meta["checkpoint_id"] == 3
+    assert meta["note"] == "cp 3"
+    assert meta["files"] == [handle.to_json()]
+    assert "checksum" in meta and "format_version" in meta
+    assert storage.verify(3) == meta
+    names = os.listdir(storage.checkpoint_dir(3))
+    assert sorted(names) == [METADATA, "op-0"]  # no temporary file left
+
+
+def test_metadata_missing(storage: CheckpointStorage) -> None:
+    write(storage, "chk-2/op-0/keyed-state", b"x")
+    with pytest.raises(CheckpointCorrupted, match="missing"):
+        storage.read_metadata(2)
+
+
+def test_metadata_truncated(storage: CheckpointStorage) -> None:
+    complete(storage, 1)
+    path = Path(storage.checkpoint_dir(1), METADATA)
+    path.write_bytes(path.read_bytes()[:-20])
+    with pytest.raises(CheckpointCorrupted) as info:
+        storage.read_metadata(1)
+    assert str(path) in str(info.value)
+
+
+def test_metadata_altered_but_valid_json_fails_its_checksum(storage: CheckpointStorage) -> None:
+    complete(storage, 1)
+    path = Path(storage.checkpoint_dir(1), METADATA)
+    meta = json.loads(path.read_text())
+    meta["note"] = "tampered"
+    path.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointCorrupted, match="checksum"):
+        storage.read_metadata(1)
+
+
+@pytest.mark.parametrize("content", [b"", b"[]", b"null", b"\xff\xfe\x00garbage", b"{}"])
+def test_metadata_garbage_is_corrupted_not_a_crash(storage: CheckpointStorage,
+                                                    content: bytes) -> None:
+    os.makedirs(storage.checkpoint_dir(1))
+    Path(storage.checkpoint_dir(1), METADATA).write_bytes(content)
+    with pytest.raises(CheckpointCorrupted):
+        storage.read_metadata(1)
+    assert storage.latest_valid() is None
+
+
+def test_metadata_of_another_format_version_is_rejected(storage: CheckpointStorage) -> None:
+    complete(storage, 1)
+    path = Path(storage.checkpoint_dir(1), METADATA)
+    meta = json.loads(path.read_text())
+    meta["format_version"] = 999
+    meta["checksum"] = storage_module._checksum_of(meta)
+    path.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointCorrupted, match="format version"):
+        storage.read_metadata(1)
+
+
+def test_verify_checks_every_listed_file(storage: CheckpointStorage) -> None:
+    a = write(storage, "chk-1/a", b"aaaa")
+    b = write(storage, "chk-1/b", b"bbbb")
+    asyncio.run(storage.write_metadata(1, {"files": [a.to_json(), b.to_json()]}))
+    storage.verify(1)
+    flip_byte(Path(storage.root, b.path))
+    with pytest.raises(CheckpointCorrupted, match="chk-1/b"):
+        storage.verify(1)
+
+
+# -- listing, latest_valid, clean_incomplete, discard ----------------------------------
+
+
+def test_ids_listing_and_next_id(storage: CheckpointStorage) -> None:
+    assert storage.checkpoint_ids() == []
+    assert storage.next_id() == 1
+    complete(storage, 1)
+    complete(storage, 10)
+    write(storage, "chk-2/op-0/keyed-state", b"half")  # no metadata
+    os.makedirs(Path(storage.root, "chk-x"))
+    os.makedirs(Path(storage.root, "not-chk-3"))
+    assert storage.checkpoint_ids() == [1, 2, 10]  # numeric order, not lexical
+    assert storage.completed_ids() == [1, 10]
+    assert storage.next_id() == 11
+
+
+def test_missing_root_has_no_checkpoints(tmp_path: Path) -> None:
+    s = CheckpointStorage(tmp_path / "nowhere")
+    assert s.checkpoint_ids() == []
+    assert s.latest_valid() is None
+    assert s.clean_incomplete() == []
+
+
+def test_latest_valid_skips_damaged_checkpoints_with_a_warning(
+        storage: CheckpointStorage, caplog: pytest.LogCaptureFixture) -> None:
+    complete(storage, 1)
+    complete(storage, 2)
+    h3 = complete(storage, 3)
+    complete(storage, 4)
+    write(storage, "chk-5/op-0/keyed-state", b"half-written")  # no metadata
+    # 4: truncated metadata; 3: a flipped byte in its state file.
+    meta4 = Path(storage.checkpoint_dir(4), METADATA)
+    meta4.write_bytes(meta4.read_bytes()[:10])
+    flip_byte(Path(storage.root, h3.path))
+    with caplog.at_level(logging.WARNING, logger="eddyflow.checkpoints"):
+        found = storage.latest_valid()
+    assert found is not None
+    n, meta = found
+    assert n == 2 and meta["checkpoint_id"] == 2
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2
+    assert "checkpoint 4" in warnings[0] and str(meta4) in warnings[0]
+    assert "checkpoint 3" in warnings[1] and str(Path(storage.root, h3.path)) in warnings[1]
+
+
+def test_latest_valid_skips_a_checkpoint_whose_state_file_is_gone(
+        storage: CheckpointStorage, caplog: pytest.LogCaptureFixture) -> None:
+    complete(storage, 1)
+    h2 = complete(storage, 2)
+    Path(storage.root, h2.path).unlink()
+    with caplog.at_level(logging.WARNING, logger="eddyflow.checkpoints"):
+        found = storage.latest_valid()
+    assert found is not None and found[0] == 1
+    assert any(str(Path(storage.root, h2.path)) in r.getMessage() for r in caplog.records)
+
+
+def test_latest_valid_none_when_everything_is_damaged(storage: CheckpointStorage) -> None:
+    h = complete(storage, 1)
+    Path(storage.root, h.path).write_bytes(b"")
+    assert storage.latest_valid() is None
+
+
+def test_clean_incomplete(storage: CheckpointStorage) -> None:
+    complete(storage, 1)
+    write(storage, "chk-2/op-0/keyed-state", b"half")
+    write(storage, "chk-3/op-0/keyed-state", b"in progress")
+    os.makedirs(storage.checkpoint_dir(4))  # empty
+    Path(storage.root, "shared", "sst-1").write_bytes(b"shared file")
+    removed = storage.clean_incomplete(keep={3})
+    assert sorted(removed) == [2, 4]
+    assert storage.checkpoint_ids() == [1, 3]
+    assert Path(storage.root, "shared", "sst-1").exists()
+    storage.verify(1)
+    assert storage.clean_incomplete() == [3]
+    assert storage.checkpoint_ids() == [1]
+
+
+def test_discard(storage: CheckpointStorage) -> None:
+    complete(storage, 1)
+    complete(storage, 2)
+    storage.discard(1)
+    assert not os.path.exists(storage.checkpoint_dir(1))
+    assert storage.completed_ids() == [2]
+    storage.discard(1)  # again: a no-op
+    storage.discard(77)  # never existed
+    storage.verify(2)
+
+
+# -- keyed state by key group ---------------------------------------------------------
+
+
+MP = 128
+
+
+def frozen_state(n_keys: int = 300) -> dict[str, tuple[str, dict[Any, Any]]]:
+    return {
+        "count": ("value", {f"key-{i}": i for i in range(n_keys)}),
+        "seen": ("list", {i: [i, i + 1] for i in range(0, n_keys, 3)}),
+        "pairs": ("map", {(i, "x"): {"a": i} for i in range(0, n_keys, 7)}),
+    }
+
+
+def all_entries(frozen: dict[str, tuple[str, dict[Any, Any]]]) -> set[tuple[str, Any, str]]:
+    return {(name, key, repr(value)) for name, (_, table) in frozen.items()
+            for key, value in table.items()}
+
+
+def test_keyed_state_round_trip(storage: CheckpointStorage) -> None:
+    frozen = frozen_state()
+    handle, index, _ = asyncio.run(write_keyed_state(storage, "chk-1/op-0/keyed-state", frozen, MP))
+    storage.verify_file(handle)
+    got = list(read_key_groups(storage.root, handle, index, range(MP)))
+    assert {(name, key, repr(value)) for _, name, key, value in got} == all_entries(frozen)
+    assert len(got) == sum(len(t) for _, t in frozen.values())
+    for kg, _, key, _ in got:
+        assert kg == key_group_for(key, MP)
+    # The frames tile the file: offsets and lengths cover it exactly.
+    spans = sorted(tuple(v) for v in index.values())
+    assert spans[0][0] == 0
+    for (o1, l1), (o2, _) in itertools.pairwise(spans):
+        assert o1 + l1 == o2
+    assert spans[-1][0] + spans[-1][1] == handle.size
+    # Only non-empty key groups are indexed.
+    assert {int(k) for k in index} == {kg for kg, *_ in got}
+
+
+def test_empty_keyed_state(storage: CheckpointStorage) -> None:
+    handle, index, _ = asyncio.run(write_keyed_state(storage, "chk-1/op-0/keyed-state", {}, MP))
+    assert handle.size == 0 and index == {}
+    assert list(read_key_groups(storage.root, handle, index, range(MP))) == []
+
+
+@pytest.mark.parametrize(("old_p", "new_p"), [(1, 3), (2, 3), (3, 2), (4, 1), (2, 7)])
+def test_keyed_state_rescaling_reads_exactly_the_owned_key_groups(
+        storage: CheckpointStorage, old_p: int, new_p: int) -> None:
+    """State written by ``old_p`` subtasks (each its own key-group range),
+    read back by ``new_p`` subtasks: every entry lands in exactly one new
+    subtask, the one that owns its key group."""
+    frozen = frozen_state()
+    files = []
+    for s in range(old_p):
+        mine = key_group_range(s, MP, old_p)
+        part = {name: (kind, {k: v for k, v in t.items() if key_group_for(k, MP) in mine})
+                for name, (kind, t) in frozen.items()}
+        files.append(asyncio.run(write_keyed_state(
+            storage, f"chk-1/op-{s}/keyed-state", part, MP))[:2])
+    seen: list[tuple[str, Any, str]] = []
+    for s in range(new_p):
+        groups = key_group_range(s, MP, new_p)
+        for handle, index in files:
+            for kg, name, key, value in read_key_groups(storage.root, handle, index, groups):
+                assert kg in groups
+                assert key_group_for(key, MP) == kg
+                seen.append((name, key, repr(value)))
+    assert len(seen) == len(set(seen))  # nobody reads an entry twice
+    assert set(seen) == all_entries(frozen)
+
+
+def test_reading_a_subset_opens_only_the_wanted_frames(storage: CheckpointStorage) -> None:
+    frozen = {"count": ("value", {f"k{i}": i for i in range(200)})}
+    handle, index, _ = asyncio.run(write_keyed_state(storage, "chk-1/op-0/keyed-state", frozen, MP))
+    wanted = sorted(int(k) for k in index)[:3]
+    # Damage every frame except the wanted ones: reading the subset still works.
+    path = Path(storage.root, handle.path)
+    data = bytearray(path.read_bytes())
+    for kg, (offset, length) in index.items():
+        if int(kg) not in wanted:
+            data[offset + length - 1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    got = list(read_key_groups(storage.root, handle, index, wanted))
+    assert {kg for kg, *_ in got} == set(wanted)
+    assert {key for _, _, key, _ in got} == {
+        k for k in frozen["count"][1] if key_group_for(k, MP) in wanted}
+
+
+def test_damaged_frame_raises_checkpoint_corrupted(storage: CheckpointStorage) -> None:
+    frozen = {"count": ("value", {f"k{i}": i for i in range(50)})}
+    handle, index, _ = asyncio.run(write_keyed_state(storage, "chk-1/op-0/keyed-state", frozen, MP))
+    path = Path(storage.root, handle.path)
+    kg, (offset, length) = next(iter(index.items()))
+    data = bytearray(path.read_bytes())
+    data[offset + 8: offset + length] = b"\x00" * (length - 8)
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointCorrupted):
+        list(read_key_groups(storage.root, handle, index, [int(kg)]))
+
+
+def test_truncated_state_file_raises_checkpoint_corrupted(storage: CheckpointStorage) -> None:
+    frozen = {"count": ("value", {f"k{i}": i for i in range(50)})}
+    handle, index, _ = asyncio.run(write_keyed_state(storage, "chk-1/op-0/keyed-state", frozen, MP))
+    path = Path(storage.root, handle.path)
+    last = max(index, key=lambda k: index[k][0])
+    path.write_bytes(path.read_bytes()[: index[last][0] + 3])
+    with pytest.raises(CheckpointCorrupted, match="truncated"):
+        list(read_key_groups(storage.root, handle, index, [int(last)]))
