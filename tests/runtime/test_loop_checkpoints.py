@@ -14,7 +14,8 @@ and a keyed stateful operator (order-insensitive: it counts records per
 key), plus a mandatory step that decrements each record's remaining-rounds
 counter, so every loop converges; optionally an inner loop nested in the
 body; parallelism 1-3 per operator; feedback forward, keyed or rebalanced;
-an optional keyed count or sum after the loop. The checked run takes a
+an optional keyed count or sum after the loop; a source of one split, two
+even splits, or two splits of which one lags. The checked run takes a
 checkpoint every 5-50 ms, in ``exactly_once`` or ``synchronous`` mode, and
 fails: a ``FailingMap`` in the loop body, a map that fails while a loop
 head is recording its back-edge log, and/or one of the runtime's fault
@@ -30,7 +31,16 @@ checkpoint whose back-edge log is non-empty has completed, the job fails.
 Recovery in-process (a restart strategy) and across processes (``JobFailed``,
 then ``execute(restore="latest")`` in a fresh environment) must produce the
 exact output, and the checkpoint restored from must hold a non-empty
-back-edge log whose records were re-injected.
+back-edge log whose records were re-injected; also at another parallelism,
+with two back-edges into one head, with feedback spilling to disk, and for
+connected components and shortest paths (order-dependent keyed state inside
+the loop).
+
+(c) Every periodic checkpoint of a loop job with identifiable records is
+checked offline for consistency (source positions vs. committed output vs.
+back-edge logs), and restoring from several of them must give the exact
+output — with even source splits and with a lagging split, whose barriers
+come back round the loop to a head subtask before its own barrier arrives.
 """
 
 from __future__ import annotations

@@ -7,10 +7,12 @@ no record is left in any loop (termination by counting, never by a
 timeout), whatever the loop's shape: a Collatz loop at parallelism 1-3,
 nested loops, two loops in one job, a loop body that multiplies records
 (which deadlocks on bounded back-edges, so the back-edge must always accept,
-even with one-batch channels), keyed feedback between a head and a tail of
-different parallelism, a source that is empty or finishes unevenly across
-subtasks, and feedback that spills to disk. Every run goes through a
-watchdog, so a hang fails its test instead of blocking the suite.
+even with one-batch channels), keyed and broadcast feedback between a head
+and a tail of different parallelism, a source that is empty or finishes
+unevenly across subtasks, a loop entered at two places (two iterate() heads
+feeding each other, a second source joining the body), and feedback that
+spills to disk. Every run goes through a watchdog, so a hang fails its test
+instead of blocking the suite.
 
 The shipped examples (``examples/collatz.py``, ``connected_components.py``,
 ``shortest_paths.py``) are checked against a plain-Python Collatz count,
@@ -443,6 +445,29 @@ def test_one_loop_fed_from_two_sources_through_two_iterates() -> None:
     assert len(plan.loops) == 1 and len(plan.back_edges) == 1
     run_job(env, timeout=4.0)
     assert sorted(sink.results) == list(range(200))
+
+
+@pytest.mark.parametrize("parallelism", [1, 2])
+def test_second_source_joins_the_loop_body_not_the_head(parallelism: int) -> None:
+    """A stream from outside enters the loop at a body operator (a union), not
+    at the head: the head's own input ends at once, but the loop is not empty
+    while that other entry still feeds it."""
+    env = ef.StreamEnvironment(parallelism=parallelism, batch_size=8)
+    loop = env.from_collection([(i, 3) for i in range(5)]).name("fast").iterate()
+    late = env.from_source(_TrickleSource([(i, 3) for i in range(5, 150)])).name("late")
+    body = loop.map(countdown).union(late).map(lambda r: r).name("joined")
+    loop.close_with(body.filter(lambda r: r[1] > 0).key_by(first))
+    sink = ef.ListSink()
+    body.filter(lambda r: r[1] <= 0).map(first).sink_to(sink)
+    plan = env.plan()
+    assert len(plan.loops) == 1
+    joined = plan.graph.node_by_uid("joined").id
+    assert plan.loop_of(joined) == 0
+    result = run_job(env, timeout=10.0)
+    assert sorted(sink.results) == list(range(150))
+    # "fast" records pass "joined" 3 times (after each countdown); "late"
+    # ones enter at "joined" with 3 rounds left, so they pass it 4 times.
+    assert result.records_in["joined"] == 5 * 3 + 145 * 4
 
 
 @pytest.mark.parametrize("parallelism", [2, 3])
