@@ -15,7 +15,7 @@ checkpoint was taken (their channel state) and their size on disk.
 
 Goal: ABS at 1 s >= 0.9x the throughput without checkpoints.
 
-    python benchmarks/iterations.py            # 30,000 numbers (~3.3M steps), 3 rounds
+    python benchmarks/iterations.py            # 100,000 numbers (~10.8M steps), 3 rounds
     python benchmarks/iterations.py --quick    # 8,000 numbers, 2 rounds
 """
 
@@ -95,12 +95,12 @@ def backedge_log(info: ef.CheckpointInfo) -> tuple[int, int]:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--numbers", type=int, default=None, help="numbers to run (default 30,000)")
+    p.add_argument("--numbers", type=int, default=None, help="numbers to run (default 100,000)")
     p.add_argument("--repeat", type=int, default=None, help="interleaved rounds (default 3)")
     p.add_argument("--quick", action="store_true", help="8,000 numbers, 2 rounds")
     p.add_argument("--json", default=None, help="write results to this file")
     args = p.parse_args(argv)
-    numbers = args.numbers or (8_000 if args.quick else 30_000)
+    numbers = args.numbers or (8_000 if args.quick else 100_000)
     repeat = args.repeat or (2 if args.quick else 3)
     cases: dict[str, float | None] = {"none": None, "ABS 1 s": 1.0, "ABS 0.1 s": 0.1}
     runs: dict[str, list[Run]] = {k: [] for k in cases}

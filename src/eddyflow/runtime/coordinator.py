@@ -8,12 +8,12 @@ writes ``chk-<n>/_metadata`` last and atomically, commits the sinks'
 transactions recorded in it, and notifies every task. A checkpoint not
 complete within ``timeout`` is aborted and every task told.
 
-The end of a bounded input is a final checkpoint: each task, once its input
-is exhausted, snapshots its final state under the id of
-:meth:`final_checkpoint_id`, so all output is committed — and recorded, so a
-crash during the commits is repaired on restore — before ``execute``
-returns. Once a source has finished no periodic checkpoint is triggered any
-more (a finished source can no longer emit barriers).
+Checkpoints go on after sources finish: a finished task acknowledges each
+checkpoint with its final state, and a loop head whose inputs have ended
+emits the barrier into its loop (a loop outlives its input). The end of a
+bounded input is a final checkpoint, taken when every task has finished,
+so all output is committed — and recorded, so a crash during the commits is
+repaired on restore — before ``execute`` returns.
 
 Without checkpointing the coordinator still runs that final commit, with no
 storage behind it.
@@ -107,6 +107,7 @@ class CheckpointCoordinator:
         self._pending: _Pending | None = None
         self._final: _Pending | None = None
         self._completing: set[int] = set()  # metadata being written: not incomplete
+        self._finished: set[tuple[int, int]] = set()
         self._stopped = False
         self._resume = anyio.Event()
         self._resume.set()
@@ -158,22 +159,48 @@ class CheckpointCoordinator:
         if self.synchronous:
             self._resume = anyio.Event()
         barrier = Barrier(n, pending.trigger_time)
+        # Checkpoints go on after sources finish (a loop outlives its input):
+        # a finished task acknowledges with its final state; a running source
+        # emits the barrier; so does a loop head whose inputs have all ended,
+        # into its loop. Every other task gets the barrier through a channel.
         for t in self.tasks:
-            if t.reader is not None and not t.trigger_barrier(barrier):
-                self._abort(pending, f"source task {t.name}[{t.subtask}] has finished")
-                self._stopped = True
-                return None
+            if not t.trigger_barrier(barrier):
+                self._spawn_final_ack(t, barrier)
         return pending
 
-    def final_checkpoint_id(self) -> int:
-        """The id of the final checkpoint at the end of input (allocated once;
-        no periodic checkpoint is triggered after it)."""
-        if self._final is None:
+    def pending_barrier(self) -> Barrier | None:
+        """The barrier of the periodic checkpoint in flight, if any."""
+        p = self._pending
+        return None if p is None else Barrier(p.id, p.trigger_time)
+
+    def _spawn_final_ack(self, task: Task, barrier: Barrier) -> None:
+        spawn = task.spawn
+        assert spawn is not None
+
+        async def ack() -> None:
+            await task.acknowledge_finished(barrier)
+
+        spawn(ack)
+
+    def task_finished(self, task: Task) -> None:
+        """A task has run its end of input. It owes every checkpoint in
+        flight whose barrier it did not see an acknowledgement with its final
+        state; once all tasks have finished, the final checkpoint is taken."""
+        key = (task.chain_index, task.subtask)
+        self._finished.add(key)
+        p = self._pending
+        if p is not None and key not in p.acks and not task.saw_barrier(p.id):
+            self._spawn_final_ack(task, Barrier(p.id, p.trigger_time))
+        if len(self._finished) == len(self.tasks) and self._final is None:
+            # The end of input is a final checkpoint, with an id above every
+            # periodic one, so that a restore after the job finished resumes
+            # from the end, not from a checkpoint whose output was replayed.
             self._stopped = True
             n = self._next_id
             self._next_id += 1
-            self._final = _Pending(n, time.time(), time.monotonic(), final=True)
-        return self._final.id
+            final = self._final = _Pending(n, time.time(), time.monotonic(), final=True)
+            for t in self.tasks:
+                self._spawn_final_ack(t, Barrier(final.id, final.trigger_time))
 
     def stop(self) -> None:
         self._stopped = True

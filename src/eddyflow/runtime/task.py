@@ -129,6 +129,8 @@ class Task:
         self._align: _Alignment | None = None
         self._done_id = 0  # highest checkpoint this task aligned, aborted or skipped
         self._trigger: Barrier | None = None
+        self._late_triggers: list[Barrier] = []
+        self._final_position: Any = None
         self._trigger_wakeup: asyncio.Future[None] | None = None
         self._source_done = False
         self.name = name
@@ -288,6 +290,13 @@ class Task:
                 assert self.gate is not None
                 await self._run_gate(self.gate)
             self.finished = True
+            coordinator = self.coordinator
+            if coordinator is not None:
+                for barrier in self._late_triggers:
+                    if not self.saw_barrier(barrier.checkpoint_id):
+                        coordinator._spawn_final_ack(self, barrier)
+                self._late_triggers.clear()
+                coordinator.task_finished(self)
         except BaseException:
             for op in self.operators:
                 op.abort()
@@ -368,15 +377,44 @@ class Task:
                 await asyncio.gather(pending, return_exceptions=True)
 
     def trigger_barrier(self, barrier: Barrier) -> bool:
-        """Coordinator: emit ``barrier`` at the next batch boundary. False if
-        this source has finished and can emit no barrier any more."""
-        if self._source_done:
+        """Coordinator: checkpoint ``barrier`` starts. A running source emits
+        it at its next batch boundary, and so does a loop head whose regular
+        inputs have all ended (into its loop); a task that gets the barrier
+        through its channels ignores this. False if the task has finished:
+        the coordinator then has it acknowledge with its final state."""
+        if self.finished:
             return False
+        if self.reader is not None:
+            if self._source_done:
+                self._late_triggers.append(barrier)  # acknowledged once finished
+                return True
+        elif not (self.head_of is not None and self._regular_ended()):
+            return True
         self._trigger = barrier
         wake = self._trigger_wakeup
         if wake is not None and not wake.done():
             wake.set_result(None)
+        if self.gate is not None:
+            self.gate._wake()
         return True
+
+    def _regular_ended(self) -> bool:
+        return all(self._ended[i] for i, r in enumerate(self.regular) if r)
+
+    def saw_barrier(self, checkpoint_id: int) -> bool:
+        return self._done_id >= checkpoint_id
+
+    async def acknowledge_finished(self, barrier: Barrier) -> None:
+        """Acknowledge ``barrier``'s checkpoint with this finished task's
+        final state (sources at their end, keyed state as it ended, pending
+        sink transactions)."""
+        n = barrier.checkpoint_id
+        coordinator = self.coordinator
+        assert coordinator is not None and self.finished
+        self._done_id = max(self._done_id, n)
+        stored = coordinator.storage is not None
+        snaps = {op.uid: op.snapshot(n) for op in self.operators if stored or not op.keyed}
+        await self._write_and_ack(n, snaps, self._final_position, 0.0, 0.0)
 
     async def _inject_barrier(self, reader: SourceReader) -> None:
         barrier, self._trigger = self._trigger, None
@@ -396,6 +434,15 @@ class Task:
         back_left = len(gate.channels) - regular_left
         ended = False
         while regular_left or back_left:
+            trigger = self._trigger
+            if trigger is not None:
+                # A loop head whose input has ended starts checkpoints in its
+                # loop itself: nothing upstream will send it barriers.
+                self._trigger = None
+                if not ended and trigger.checkpoint_id > self._done_id:
+                    self._done_id = trigger.checkpoint_id
+                    await self._checkpoint(trigger)
+                continue
             if not ended and self._loop_is_empty():
                 # A loop head: its input is exhausted and nothing is left
                 # anywhere in its loop. End, which ends the loop body in turn;
@@ -437,6 +484,14 @@ class Task:
                     regular_left -= 1
                     if self._align is not None:
                         await self._check_aligned(gate)
+                    elif regular_left == 0 and self.head_of is not None and not ended:
+                        # This head's input ended before the barrier of the
+                        # checkpoint in flight reached it: none will now.
+                        # Start that checkpoint in the loop itself.
+                        coordinator = self.coordinator
+                        pending = coordinator.pending_barrier() if coordinator else None
+                        if pending is not None and pending.checkpoint_id > self._done_id:
+                            self._trigger = pending
                 else:
                     back_left -= 1
                     self._on_back_edge_barrier(i, None)
@@ -550,7 +605,11 @@ class Task:
                 parts.append(f"blocked {blocked}")
         if self.finished:
             parts.append("finished")
-        return f"{self.name}[{self.subtask}]: " + ("; ".join(parts) or "idle")
+        if self.gate is not None and any(self._ended):
+            parts.append("ended " + str([self.gate.channels[i].name
+                                         for i, e in enumerate(self._ended) if e]))
+        parts.append(f"last checkpoint {self._done_id}")
+        return f"{self.name}[{self.subtask}]: " + "; ".join(parts)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         for op in self.operators:
@@ -682,14 +741,9 @@ class Task:
             if extra:
                 out = self._run_chain(extra, k + 1)
                 await self._emit(out, None, [])
-        coordinator = self.coordinator
-        if coordinator is not None:
-            # The end of input is a final checkpoint: snapshot the final
-            # state, but do not send a barrier: end-of-input is the barrier.
-            n = coordinator.final_checkpoint_id()
-            position = self.reader.position() if self.reader is not None else None
-            await self._flush()
-            await self._checkpoint(Barrier(n, time.time()), position=position, forward=False)
+        # The final state is acknowledged later, checkpoint by checkpoint and
+        # in the final checkpoint (CheckpointCoordinator.task_finished).
+        self._final_position = self.reader.position() if self.reader is not None else None
         for w in self.writers:
             await w.emit_event(END_OF_INPUT)
         self._dirty_since = 0.0
