@@ -221,8 +221,9 @@ class StreamEnvironment:
         # it was restored from), never from those of an earlier, unrelated run
         # that happen to share the directory.
         initial = restored  # may live in another directory than our own checkpoints
+        used_ids = 1  # ids are never reused within an execution, aborted ones included
         while True:
-            next_id = storage.next_id() if storage is not None else 1
+            next_id = max(storage.next_id() if storage is not None else 1, used_ids)
             runner = JobRunner(plan, config, job_name, checkpointing=self.checkpoint_config,
                                restore=restored, next_checkpoint_id=next_id,
                                completed_checkpoints=completed)
@@ -230,6 +231,7 @@ class StreamEnvironment:
                 result = await runner.run()
             except JobFailed as exc:
                 completed = list(runner.coordinator.completed)
+                used_ids = runner.coordinator.next_id
                 if restarts >= strategy.attempts:
                     if restarts:
                         exc.add_note(f"the job was restarted {restarts} times")

@@ -168,6 +168,11 @@ class CheckpointCoordinator:
                 self._spawn_final_ack(t, barrier)
         return pending
 
+    @property
+    def next_id(self) -> int:
+        """The id the next checkpoint of this coordinator would get."""
+        return self._next_id
+
     def pending_barrier(self) -> Barrier | None:
         """The barrier of the periodic checkpoint in flight, if any."""
         p = self._pending
