@@ -32,21 +32,24 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sigkill_support import (
+    RUN_TIMEOUT,
+    JobProcess,
+    latest_checkpoint,
+    seed,
+    wait_for_checkpoint_after,
+)
 
 import eddyflow as ef
 
 JOB = Path(__file__).parent / "jobs" / "sigkill_job.py"
-SRC = Path(ef.__file__).resolve().parents[1]  # the eddyflow under test, for the child
 PARTITIONS = 4
-RUN_TIMEOUT = 300.0  # the last, uninterrupted run: generous on a loaded machine
-CHECKPOINT_WAIT = 60.0  # longest wait for a run's first checkpoint before killing anyway
 
 Output = tuple[str, int, int, int]
 
@@ -105,59 +108,13 @@ def committed_output(folder: Path) -> list[Output]:
     return out
 
 
-def latest_checkpoint(directory: Path) -> int:
-    """Id of the newest completed checkpoint (0 if none)."""
-    done = ef.list_checkpoints(directory) if directory.exists() else []
-    return max((c.id for c in done), default=0)
-
-
-class JobProcess:
-    """Starts the job file under the CLI with ``--restore latest``."""
-
-    def __init__(self, tmp: Path, log: Path, out: Path, chk: Path, slow: float) -> None:
-        self.tmp = tmp
-        self.env = dict(os.environ)
-        self.env["PYTHONPATH"] = os.pathsep.join(
-            [str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])])
-        self.env.update(EF_SIGKILL_LOG=str(log), EF_SIGKILL_OUT=str(out),
-                        EF_SIGKILL_CHK=str(chk), EF_SIGKILL_INTERVAL="0.05",
-                        EF_SIGKILL_SLOW=str(slow))
-        self.runs = 0
-
-    def start(self) -> tuple[subprocess.Popen[bytes], Path]:
-        self.runs += 1
-        # A file, not a pipe: nobody reads a pipe while the child runs, and a
-        # full pipe would block it.
-        stderr_path = self.tmp / f"run-{self.runs}.stderr"
-        with open(stderr_path, "wb") as stderr:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "eddyflow.cli.main", "run", str(JOB),
-                 "--parallelism", "2", "--restore", "latest"],
-                env=self.env, stdout=subprocess.DEVNULL, stderr=stderr,
-            )
-        return proc, stderr_path
-
-
-def wait_for_checkpoint_after(proc: subprocess.Popen[bytes], chk: Path, after: int) -> bool:
-    """Poll until a checkpoint newer than ``after`` completes (True) or the
-    process ends (False); give up waiting after CHECKPOINT_WAIT seconds."""
-    deadline = time.monotonic() + CHECKPOINT_WAIT
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return False
-        if latest_checkpoint(chk) > after:
-            return True
-        time.sleep(0.01)
-    return False
-
-
 def kill_and_restart(tmp: Path, *, records: int, keys: int, kills: int, slow: float,
                      seed: int) -> None:
     rng = random.Random(seed)
     log, out, chk = tmp / "log", tmp / "out", tmp / "chk"
     parts = fill_log(log, records, keys)
     expected, final = expected_output(parts)
-    job = JobProcess(tmp, log, out, chk, slow)
+    job = JobProcess(JOB, tmp, log, out, chk, slow)
     history = KillLog()
     context = f"seed {seed}"
 
@@ -234,15 +191,11 @@ def kill_and_restart(tmp: Path, *, records: int, keys: int, kills: int, slow: fl
     print(f"{len(got):,} records committed exactly once after {context}")
 
 
-def _seed(default: int) -> int:
-    return int(os.environ.get("EF_SIGKILL_SEED", default))
-
-
 def test_sigkill_at_random_moments_then_restore_latest_is_exactly_once(tmp_path: Path) -> None:
-    kill_and_restart(tmp_path, records=200_000, keys=500, kills=10, slow=0.01, seed=_seed(7))
+    kill_and_restart(tmp_path, records=200_000, keys=500, kills=10, slow=0.01, seed=seed(7))
 
 
 @pytest.mark.slow
 def test_sigkill_soak_many_kills_more_data(tmp_path: Path) -> None:
     kill_and_restart(tmp_path, records=1_000_000, keys=5_000, kills=24, slow=0.005,
-                     seed=_seed(2015))
+                     seed=seed(2015))

@@ -54,22 +54,25 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sigkill_support import (
+    RUN_TIMEOUT,
+    JobProcess,
+    latest_checkpoint,
+    seed,
+    wait_for_checkpoint_after,
+)
 
 import eddyflow as ef
 
 JOB = Path(__file__).parent / "jobs" / "sigkill_loop_job.py"
-SRC = Path(ef.__file__).resolve().parents[1]  # the eddyflow under test, for the child
 HEAD = "head"  # the loop head's name in the job (its uid in checkpoints)
 PARTITIONS = 4
-RUN_TIMEOUT = 300.0  # the last, uninterrupted run: generous on a loaded machine
-CHECKPOINT_WAIT = 60.0  # longest wait for a run's first checkpoint before killing anyway
 
 Output = tuple[str, int, int, int, int]  # key, seq, value, running count, running sum
 
@@ -136,12 +139,6 @@ def committed_output(folder: Path) -> list[Output]:
     return out
 
 
-def latest_checkpoint(directory: Path) -> int:
-    """Id of the newest completed checkpoint (0 if none)."""
-    done = ef.list_checkpoints(directory) if directory.exists() else []
-    return max((c.id for c in done), default=0)
-
-
 def backedge_records(directory: Path, checkpoint_id: int) -> int | None:
     """Records in the loop head's back-edge logs of a checkpoint, read from
     its ``_metadata``; ``None`` if it has no back-edge log (a final
@@ -150,47 +147,6 @@ def backedge_records(directory: Path, checkpoint_id: int) -> int | None:
     logs = [part["backedge"]["records"] for part in meta["operators"][HEAD]["subtasks"].values()
             if "backedge" in part]
     return sum(logs) if logs else None
-
-
-class JobProcess:
-    """Starts the job file under the CLI with ``--restore latest``."""
-
-    def __init__(self, tmp: Path, log: Path, out: Path, chk: Path, slow: float) -> None:
-        self.tmp = tmp
-        self.env = dict(os.environ)
-        self.env["PYTHONPATH"] = os.pathsep.join(
-            [str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])])
-        self.env.update(EF_SIGKILL_LOG=str(log), EF_SIGKILL_OUT=str(out),
-                        EF_SIGKILL_CHK=str(chk), EF_SIGKILL_INTERVAL="0.05",
-                        EF_SIGKILL_SLOW=str(slow))
-        self.env.pop("EF_SIGKILL_PARALLELISM", None)  # -p 2 decides
-        self.runs = 0
-
-    def start(self) -> tuple[subprocess.Popen[bytes], Path]:
-        self.runs += 1
-        # A file, not a pipe: nobody reads a pipe while the child runs, and a
-        # full pipe would block it.
-        stderr_path = self.tmp / f"run-{self.runs}.stderr"
-        with open(stderr_path, "wb") as stderr:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "eddyflow.cli.main", "run", str(JOB),
-                 "-p", "2", "--restore", "latest"],
-                env=self.env, stdout=subprocess.DEVNULL, stderr=stderr,
-            )
-        return proc, stderr_path
-
-
-def wait_for_checkpoint_after(proc: subprocess.Popen[bytes], chk: Path, after: int) -> bool:
-    """Poll until a checkpoint newer than ``after`` completes (True) or the
-    process ends (False); give up waiting after CHECKPOINT_WAIT seconds."""
-    deadline = time.monotonic() + CHECKPOINT_WAIT
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return False
-        if latest_checkpoint(chk) > after:
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def check_output(got: list[Output], values: dict[tuple[str, int], int],
@@ -238,7 +194,7 @@ def kill_and_restart(tmp: Path, *, records: int, keys: int, max_rounds: int, kil
     log, out, chk = tmp / "log", tmp / "out", tmp / "chk"
     written = fill_log(log, records, keys, max_rounds)
     values, final = expected_output(written)
-    job = JobProcess(tmp, log, out, chk, slow)
+    job = JobProcess(JOB, tmp, log, out, chk, slow)
     history = KillLog()
     context = f"seed {seed}"
 
@@ -305,17 +261,13 @@ def kill_and_restart(tmp: Path, *, records: int, keys: int, max_rounds: int, kil
     print(f"{len(values):,} records committed exactly once after {context}")
 
 
-def _seed(default: int) -> int:
-    return int(os.environ.get("EF_SIGKILL_SEED", default))
-
-
 def test_sigkill_loop_at_random_moments_then_restore_latest_is_exactly_once(
         tmp_path: Path) -> None:
     kill_and_restart(tmp_path, records=400_000, keys=500, max_rounds=4, kills=10, slow=0.004,
-                     seed=_seed(7))
+                     seed=seed(7))
 
 
 @pytest.mark.slow
 def test_sigkill_loop_soak_many_kills_more_data(tmp_path: Path) -> None:
     kill_and_restart(tmp_path, records=800_000, keys=5_000, max_rounds=4, kills=24,
-                     slow=0.004, seed=_seed(2015))
+                     slow=0.004, seed=seed(2015))

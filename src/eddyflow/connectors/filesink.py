@@ -18,16 +18,9 @@ import secrets
 from typing import IO, Any
 
 from eddyflow.connectors.sink import Sink, SinkWriter
+from eddyflow.durable import fsync_dir
 
 __all__ = ["FileSink"]
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class FileSink(Sink):
@@ -57,7 +50,7 @@ class FileSink(Sink):
                     "never committed; the output of that transaction is lost"
                 )
         if committables:
-            _fsync_dir(self.path)
+            fsync_dir(self.path)
 
     def recover(self, committed: list[Any]) -> None:
         if not os.path.isdir(self.path):

@@ -35,12 +35,13 @@ import aiofiles.os
 import anyio
 import anyio.lowlevel
 
+from eddyflow.durable import fsync_dir
+
 __all__ = [
     "METADATA",
     "CheckpointCorrupted",
     "CheckpointStorage",
     "FileHandle",
-    "fsync_dir",
 ]
 
 log = logging.getLogger("eddyflow.checkpoints")
@@ -69,14 +70,6 @@ class FileHandle:
     @staticmethod
     def from_json(d: dict[str, Any]) -> FileHandle:
         return FileHandle(str(d["path"]), int(d["size"]), str(d["sha256"]))
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 #: Files up to this size are written on the event loop's thread (a few ms,
