@@ -126,6 +126,7 @@ class Task:
         # took snapshot n (possible with parallel loops: a tail subtask may
         # depend on other head subtasks only). Blocked until the snapshot.
         self._early: dict[int, set[int]] = {}
+        self._loop_ended = False  # a head that ended: only draining its back-edges
         self._align: _Alignment | None = None
         self._done_id = 0  # highest checkpoint this task aligned, aborted or skipped
         self._trigger: Barrier | None = None
@@ -447,7 +448,7 @@ class Task:
                 # A loop head: its input is exhausted and nothing is left
                 # anywhere in its loop. End, which ends the loop body in turn;
                 # then drain the back-edges until their end-of-input.
-                ended = True
+                ended = self._loop_ended = True
                 await self._end_of_input()
                 continue
             got = gate.poll()
@@ -505,6 +506,10 @@ class Task:
         """Barrier ``n`` came back round the loop on a back-edge (or the
         back-edge ended): stop logging it; once all have, write the log."""
         backlog = self._backlog
+        if self._loop_ended and backlog is None:
+            # This head has ended: it acknowledges checkpoints with its final
+            # state, and must not block the back-edges it is draining.
+            return
         if (barrier is not None and barrier.checkpoint_id > self._done_id
                 and (backlog is None or barrier.checkpoint_id != backlog.checkpoint_id)):
             # Back before this head's own snapshot n: what follows on this
