@@ -26,7 +26,6 @@ import logging
 import os
 import re
 import shutil
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
@@ -271,6 +270,3 @@ class CheckpointStorage:
         ids = self.checkpoint_ids()
         return (ids[-1] + 1) if ids else 1
 
-
-def now() -> float:
-    return time.time()
