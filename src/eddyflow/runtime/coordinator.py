@@ -313,6 +313,7 @@ class CheckpointCoordinator:
                 operators[uid]["subtasks"][str(subtask)] = part
             files.extend(h.to_json() for h in snap.files)
         size = sum(int(f["size"]) for f in files)
+        names = self.tasks_by_key()
         return {
             "job": self.job_name,
             "mode": self.mode,
@@ -337,7 +338,7 @@ class CheckpointCoordinator:
             # The memory backend writes full snapshots: a checkpoint references
             # exactly the bytes it wrote.
             "full_size": size,
-            "tasks": {f"{self.tasks_by_key()[k]}[{k[1]}]": {
+            "tasks": {f"{names[k]}[{k[1]}]": {
                 "alignment_duration": s.alignment_duration,
                 "sync_duration": s.sync_duration,
                 "async_duration": s.async_duration,
