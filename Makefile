@@ -1,6 +1,6 @@
 # Two entry points for a fresh machine: `make demo` and `make test`.
 # Both create the virtual environment on first use; nothing else is needed
-# beyond Python 3.11 (and Java 17, once the Spark jobs land).
+# beyond Python 3.11 and Java 17 (for the Spark jobs of eddyflow.offline).
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -11,15 +11,16 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,spark]'
 	touch $(STAMP)
 
 $(VENV)/.bench: $(STAMP)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,bench]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,spark,bench]'
 	touch $(VENV)/.bench
 
 demo: $(STAMP)
 	$(PY) examples/wordcount.py
+	$(VENV)/bin/eddyflow validate checkpoints/wordcount --job examples/wordcount.py --master 'local[2]'
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests examples benchmarks

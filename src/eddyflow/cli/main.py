@@ -2,7 +2,8 @@
 
 ``eddyflow run JOB.py`` runs a job file's ``build(env)`` to completion and
 reports what each operator did; ``eddyflow checkpoints DIR`` lists the
-completed checkpoints of a checkpoint directory, or shows one.
+completed checkpoints of a checkpoint directory, or shows one; ``eddyflow
+validate DIR --job JOB.py`` checks a checkpoint on Spark (cli/validate.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from eddyflow.checkpoints import CheckpointInfo, list_checkpoints
+from eddyflow.cli.validate import validate_command
 from eddyflow.errors import JobFailed
 from eddyflow.jobfile import JobFileError, build_environment
 from eddyflow.result import JobResult
@@ -143,6 +145,9 @@ def checkpoints(directory: str, as_json: bool, show: int | None) -> None:
                       _size(i.checkpointed_size), _size(i.full_size), state)
     table.caption = "* final checkpoint (end of input); keyed state: entries per operator"
     console.print(table)
+
+
+main.add_command(validate_command)
 
 
 if __name__ == "__main__":

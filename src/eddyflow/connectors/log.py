@@ -271,6 +271,16 @@ class _LogReader(SourceReader):
     def position_of(self, index: int) -> Any:
         return self._last[index] if 0 <= index < len(self._last) else None
 
+    def split_at(self, batch: list[Any], position: Any) -> tuple[list[Any], bool]:
+        # Batches interleave partitions, so the records before a position
+        # (one offset per partition) are not a prefix of a batch read now:
+        # keep each record whose offset is below its partition's.
+        target = {str(k): int(v) for k, v in dict(position).items()}
+        kept = [r for r, (part, offset) in zip(batch, self._last, strict=True)
+                if offset < target.get(str(part), 0)]
+        reached = all(r.offset >= target.get(str(r.partition), 0) for r in self._readers)
+        return kept, reached
+
     def describe_position(self, position: Any) -> str:
         if isinstance(position, tuple):
             return f"log partition {position[0]} offset {position[1]}"

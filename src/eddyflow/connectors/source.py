@@ -9,10 +9,16 @@ must be JSON-serialisable, because they are written into checkpoint metadata.
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from typing import Any
 
-__all__ = ["NotReplayableError", "Source", "SourceReader"]
+__all__ = ["NotReplayableError", "Source", "SourceReader", "same_position"]
+
+
+def same_position(a: Any, b: Any) -> bool:
+    """Positions compare as the JSON they are stored as in checkpoint metadata."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
 class NotReplayableError(RuntimeError):
@@ -45,6 +51,24 @@ class SourceReader(ABC):
         ``None`` when the reader cannot tell.
         """
         return None
+
+    def split_at(self, batch: list[Any], position: Any) -> tuple[list[Any], bool] | None:
+        """For an offline replay up to ``position`` (a checkpoint's): the
+        records of the last batch, ``batch``, that come before it, and
+        whether the reader has now reached it. ``None`` when the reader
+        cannot tell (the replay then reads one record at a time).
+
+        The default serves readers whose ``position_of(i)`` is the full
+        position before record ``i``: the cut is a prefix of the batch."""
+        if same_position(self.position(), position):
+            return batch, True
+        for i in range(1, len(batch)):
+            p = self.position_of(i)
+            if p is None:
+                return None
+            if same_position(p, position):
+                return batch[:i], True
+        return batch, False
 
     def describe_position(self, position: Any) -> str:
         """How a position reads in an error message."""

@@ -1,0 +1,37 @@
+"""Offline reading, replay and validation of checkpoints on PySpark
+(DESIGN.md §8, API.md "Offline").
+
+* ``read_metadata``, ``read_positions``, ``read_state``,
+  ``read_backedge_log``: a checkpoint as DataFrames, read by the executors.
+* ``validate``: replay a job's input up to a checkpoint and prove its state
+  consistent, key by key.
+
+Spark is imported only when one of these runs, so ``import eddyflow`` never
+starts a JVM.
+"""
+
+from eddyflow.offline.checkpoint import open_checkpoint
+from eddyflow.offline.readers import (
+    read_backedge_log,
+    read_metadata,
+    read_positions,
+    read_state,
+    state_rdd,
+)
+from eddyflow.offline.replay import ReplayError, replay_split
+from eddyflow.offline.session import spark_session
+from eddyflow.offline.validate import ValidationReport, validate
+
+__all__ = [
+    "ReplayError",
+    "ValidationReport",
+    "open_checkpoint",
+    "read_backedge_log",
+    "read_metadata",
+    "read_positions",
+    "read_state",
+    "replay_split",
+    "spark_session",
+    "state_rdd",
+    "validate",
+]

@@ -1,0 +1,140 @@
+"""Locating and reading one checkpoint for the offline jobs, on the driver
+and on Spark executors alike (no Spark imports here).
+
+A checkpoint is named by its folder, ``<checkpoint dir>/chk-<n>``; its
+``_metadata`` is verified (checksum, format version) before anything is read,
+and every state file is verified against the size and SHA-256 the metadata
+records for it, by the executor that reads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pickle
+import re
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from eddyflow.backedge.log import read_backedge_log
+from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage, FileHandle
+
+__all__ = ["CheckpointRef", "KeyedFile", "keyed_files", "open_checkpoint", "read_keyed_file",
+           "read_verified_backedge_log"]
+
+log = logging.getLogger("eddyflow.offline")
+
+_CHK = re.compile(r"^chk-(\d+)$")
+_LEN = struct.Struct(">Q")
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    """A verified checkpoint: storage root, id and metadata."""
+
+    root: str
+    id: int
+    meta: dict[str, Any]
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.root, f"chk-{self.id}")
+
+
+def open_checkpoint(path: str | os.PathLike[str], checkpoint: int | None = None
+                    ) -> CheckpointRef:
+    """``path`` is a checkpoint folder (``…/chk-12``), or a checkpoint
+    directory with ``checkpoint`` naming one of its checkpoints (default: the
+    latest that verifies)."""
+    path = os.path.abspath(os.fspath(path))
+    match = _CHK.match(os.path.basename(path.rstrip(os.sep)))
+    if match and checkpoint is None:
+        storage = CheckpointStorage(os.path.dirname(path.rstrip(os.sep)))
+        n = int(match.group(1))
+    else:
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"checkpoint directory {path!r} does not exist")
+        storage = CheckpointStorage(path)
+        if checkpoint is None:
+            # The newest whose metadata verifies; its files are verified by
+            # the executors that read them, not all over again here.
+            for n in reversed(storage.completed_ids()):
+                try:
+                    return CheckpointRef(storage.root, n, storage.read_metadata(n))
+                except CheckpointCorrupted as exc:
+                    log.warning("skipping checkpoint %d: %s", n, exc)
+            raise FileNotFoundError(f"{path!r} holds no completed checkpoint")
+        n = checkpoint
+    return CheckpointRef(storage.root, n, storage.read_metadata(n))
+
+
+@dataclass(frozen=True)
+class KeyedFile:
+    """One subtask's keyed-state file of one operator."""
+
+    root: str
+    operator: str
+    subtask: int
+    handle: FileHandle
+    index: dict[str, list[int]]
+    kinds: dict[str, str]
+
+
+def keyed_files(ref: CheckpointRef, operator: str | None = None) -> list[KeyedFile]:
+    """The keyed-state files of ``operator`` (every operator if ``None``)."""
+    ops = ref.meta["operators"]
+    if operator is not None and operator not in ops:
+        raise KeyError(f"checkpoint {ref.id} has no operator {operator!r}; it has "
+                       f"{sorted(ops)}")
+    out = []
+    for uid, op in sorted(ops.items()):
+        if operator is not None and uid != operator:
+            continue
+        for s, part in sorted(op["subtasks"].items(), key=lambda kv: int(kv[0])):
+            keyed = part.get("keyed")
+            if keyed is not None:
+                out.append(KeyedFile(ref.root, uid, int(s), FileHandle.from_json(keyed["file"]),
+                                     dict(keyed["index"]), dict(keyed["kinds"])))
+    return out
+
+
+def _read_verified(root: str, handle: FileHandle) -> bytes:
+    path = os.path.join(root, handle.path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise CheckpointCorrupted(f"{path}: unreadable: {exc}") from exc
+    if len(data) != handle.size:
+        raise CheckpointCorrupted(f"{path}: {len(data)} bytes, the metadata says {handle.size}")
+    if hashlib.sha256(data).hexdigest() != handle.sha256:
+        raise CheckpointCorrupted(f"{path}: checksum mismatch (the file was altered)")
+    return data
+
+
+def read_keyed_file(kf: KeyedFile) -> Iterator[tuple[int, str, Any, Any]]:
+    """``(key_group, state, key, value)`` of one verified keyed-state file."""
+    data = _read_verified(kf.root, kf.handle)
+    path = os.path.join(kf.root, kf.handle.path)
+    for kg_text, (offset, length) in sorted(kf.index.items(), key=lambda kv: int(kv[0])):
+        kg = int(kg_text)
+        (body_len,) = _LEN.unpack_from(data, offset)
+        if _LEN.size + body_len != length:
+            raise CheckpointCorrupted(f"{path}: key group {kg}: frame length mismatch")
+        try:
+            got, entries = pickle.loads(data[offset + _LEN.size : offset + length])
+        except Exception as exc:
+            raise CheckpointCorrupted(f"{path}: key group {kg} unreadable: {exc}") from exc
+        if got != kg:
+            raise CheckpointCorrupted(f"{path}: the frame at {offset} holds key group {got}")
+        for name, key, value in entries:
+            yield kg, name, key, value
+
+
+def read_verified_backedge_log(root: str, handle: FileHandle) -> dict[int, list[Any]]:
+    """The channels of one back-edge log file, after verifying it."""
+    _read_verified(root, handle)
+    return read_backedge_log(root, handle)

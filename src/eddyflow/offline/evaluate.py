@@ -1,0 +1,416 @@
+"""Batch evaluation of a job's logical graph on Spark RDDs.
+
+Each operator becomes RDD transformations over ``(tag, record)`` pairs. The
+*tag* is a tuple of ints that orders records the way one streaming channel
+does: ``(source node, source subtask, sequence number, output index, …)``.
+Where an operator is order-sensitive — every keyed operator: its state is a
+fold over the key's records — each key's records are processed in tag order,
+which is the order the streaming run saw whenever the key's records came
+through a single source subtask. (Records from several source subtasks reach
+a key interleaved by timing; the batch run takes them subtask by subtask, so a
+keyed function whose state depends on that interleaving cannot be checked
+exactly — nor can the streaming run promise one.)
+
+Keyed operators run the runtime's own operator code (the specs' operators,
+on a memory backend holding all key groups of a Spark partition), so the
+batch semantics cannot drift from the streaming ones. Records are partitioned
+by key group — the stable hash the runtime uses — never by Python's ``hash``.
+
+Loops (strongly connected components) are iterated in rounds until no record
+comes back round any back-edge; keyed state inside a loop is carried from one
+round to the next.
+
+A missing input is ``None`` (statically empty), so a run that replays no
+source (only a checkpoint's back-edge logs) evaluates only what those reach.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from eddyflow.graph.dfs import EdgeKind
+from eddyflow.graph.logical import Edge
+from eddyflow.graph.plan import ExecutionPlan
+from eddyflow.keygroups import key_group_for
+from eddyflow.runtime.operators import (
+    FilterSpec,
+    FlatMapSpec,
+    IterationHeadSpec,
+    KeyedCountSpec,
+    KeyedProcessSpec,
+    KeyedReduceSpec,
+    KeyedSumSpec,
+    MapSpec,
+    MapWithStateSpec,
+    OperatorContext,
+    SinkSpec,
+)
+from eddyflow.state.backend import MemoryStateBackend
+
+__all__ = ["MAX_ROUNDS", "Evaluation", "evaluate"]
+
+#: Rounds a loop may take before the evaluation gives up (a loop that never
+#: empties would never terminate in the streaming run either).
+MAX_ROUNDS = 10_000
+
+KEYED_SPECS = (KeyedCountSpec, KeyedReduceSpec, KeyedSumSpec, MapWithStateSpec,
+               KeyedProcessSpec)
+STATELESS_SPECS = (MapSpec, FilterSpec, FlatMapSpec, IterationHeadSpec)
+
+RDD = Any  # pyspark.RDD, untyped
+
+
+@dataclass
+class Evaluation:
+    """What one evaluation produced."""
+
+    #: uid -> RDD of ``(key_group, (state, kind, key, value))``
+    state: dict[str, RDD] = field(default_factory=dict)
+    #: uid -> why the operator (and so its state) could not be evaluated
+    unreplayed: dict[str, str] = field(default_factory=dict)
+    rounds: dict[int, int] = field(default_factory=dict)  # loop index -> rounds taken
+
+
+# -- per-partition work (runs on executors) ------------------------------------
+
+
+def _stateless(spec: Any) -> Callable[[Iterable[Any]], Iterator[Any]]:
+    if isinstance(spec, MapSpec):
+        fn = spec.fn
+
+        def run_map(items: Iterable[Any]) -> Iterator[Any]:
+            for tag, r in items:
+                yield tag, fn(r)
+        return run_map
+    if isinstance(spec, FilterSpec):
+        pred = spec.fn
+
+        def run_filter(items: Iterable[Any]) -> Iterator[Any]:
+            for tag, r in items:
+                if pred(r):
+                    yield tag, r
+        return run_filter
+    if isinstance(spec, FlatMapSpec):
+        many = spec.fn
+
+        def run_flat_map(items: Iterable[Any]) -> Iterator[Any]:
+            for tag, r in items:
+                for i, out in enumerate(many(r)):
+                    yield (*tag, i), out
+        return run_flat_map
+    assert isinstance(spec, IterationHeadSpec)
+    return iter
+
+
+def _key_records(key_fn: Callable[[Any], Any], max_parallelism: int
+                 ) -> Callable[[Iterable[Any]], Iterator[Any]]:
+    def run(items: Iterable[Any]) -> Iterator[Any]:
+        for tag, r in items:
+            k = key_fn(r)
+            yield key_group_for(k, max_parallelism), ("r", k, tag, r)
+    return run
+
+
+def _keyed(spec: Any, uid: str, max_parallelism: int, want_outputs: bool
+           ) -> Callable[[Iterable[Any]], Iterator[Any]]:
+    """One Spark partition of a keyed operator: restore the partition's
+    state, fold each key's records in tag order, emit the outputs (``("o",
+    tag, record)``) and the final state (``("s", key_group, (state, key,
+    value))``)."""
+
+    def run(items: Iterable[Any]) -> Iterator[Any]:
+        kinds: dict[str, str] = {}
+        restored: list[tuple[str, Any, Any]] = []
+        by_key: dict[Any, list[tuple[tuple[int, ...], Any]]] = collections.defaultdict(list)
+        for _, item in items:
+            if item[0] == "r":
+                by_key[item[1]].append((item[2], item[3]))
+            else:
+                _, name, kind, key, value = item
+                kinds[name] = kind
+                restored.append((name, key, value))
+        ctx = OperatorContext(uid, 0, 1, max_parallelism, MemoryStateBackend())
+        op = spec.instantiate(ctx)
+        op.open()
+        try:
+            if restored:
+                op.restore_keyed(kinds, restored)
+            for recs in by_key.values():
+                recs.sort(key=lambda tr: tr[0])
+                if op.one_to_one:
+                    outs = op.process([r for _, r in recs])
+                    if want_outputs:
+                        for (tag, _), out in zip(recs, outs, strict=True):
+                            yield "o", tag, out
+                else:
+                    for tag, r in recs:
+                        for i, out in enumerate(op.process([r])):
+                            if want_outputs:
+                                yield "o", (*tag, i), out
+            snap = op.snapshot(0)
+            frozen = snap.keyed if snap is not None and snap.keyed is not None else {}
+            for name, (kind, table) in frozen.items():
+                for key, value in table.items():
+                    yield "s", key_group_for(key, max_parallelism), (name, kind, key, value)
+        finally:
+            op.close()
+    return run
+
+
+def _count_partial(key_fn: Callable[[Any], Any], max_parallelism: int
+                   ) -> Callable[[Iterable[Any]], Iterator[Any]]:
+    """Map-side combine of a count whose running counts nobody downstream
+    needs: a word count's 10M words become one record per word and partition."""
+    def run(items: Iterable[Any]) -> Iterator[Any]:
+        counts: collections.Counter[Any] = collections.Counter()
+        for _, r in items:
+            counts[key_fn(r)] += 1
+        for k, n in counts.items():
+            yield key_group_for(k, max_parallelism), (k, n)
+    return run
+
+
+def _merge_counts(items: Iterable[Any]) -> Iterator[Any]:
+    totals: dict[Any, int] = {}
+    for _, item in items:
+        if item[0] == "s":  # restored state: ("s", name, kind, key, value)
+            key, value = item[3], item[4]
+            totals[key] = totals.get(key, 0) + value
+        else:
+            key, n = item
+            totals[key] = totals.get(key, 0) + n
+    for key, n in totals.items():
+        yield "s", None, key, n
+
+
+# -- the graph -----------------------------------------------------------------
+
+
+class _Evaluator:
+    def __init__(self, sc: Any, plan: ExecutionPlan, partitions: int) -> None:
+        self.sc = sc
+        self.plan = plan
+        self.graph = plan.graph
+        self.mp = plan.max_parallelism
+        self.partitions = partitions
+        self.result = Evaluation()
+        self.back = {e.id for e in plan.graph.edges if plan.edge_kinds[e.id] is EdgeKind.BACK}
+        # Persisted RDDs of this evaluation, released by the caller.
+        self.persisted: list[RDD] = []
+
+    def union(self, rdds: Iterable[RDD | None]) -> RDD | None:
+        parts = [r for r in rdds if r is not None]
+        if not parts:
+            return None
+        return parts[0] if len(parts) == 1 else self.sc.union(parts)
+
+    def wants_outputs(self, node_id: int) -> bool:
+        return any(not isinstance(self.graph.nodes[e.target].payload, SinkSpec)
+                   for e in self.graph.outputs(node_id))
+
+    def blocked(self, node_id: int, why: str) -> None:
+        """``node_id`` cannot be evaluated; nor can anything downstream of it."""
+        todo = [node_id]
+        seen = set()
+        while todo:
+            n = todo.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            node = self.graph.nodes[n]
+            reason = why if n == node_id else f"downstream of '{self.graph.nodes[node_id].uid}'"
+            if not isinstance(node.payload, SinkSpec):
+                self.result.unreplayed.setdefault(node.uid, reason)
+            todo.extend(e.target for e in self.graph.outputs(n))
+
+    def node(self, node_id: int, inputs: RDD | None, state: RDD | None
+             ) -> tuple[RDD | None, RDD | None]:
+        """Evaluate one node: its outputs and, for a keyed one, its state
+        (``(key_group, (state, kind, key, value))``)."""
+        node = self.graph.nodes[node_id]
+        spec = node.payload
+        if node.uid in self.result.unreplayed:
+            return None, None
+        if isinstance(spec, SinkSpec):
+            return None, None
+        if isinstance(spec, STATELESS_SPECS):
+            return (None if inputs is None
+                    else inputs.mapPartitions(_stateless(spec), preservesPartitioning=True)), None
+        if not isinstance(spec, KEYED_SPECS):
+            self.blocked(node_id, f"cannot replay a {type(spec).__name__} in batch")
+            return None, None
+        restored = None
+        if state is not None:
+            restored = state.map(lambda kv: (kv[0], ("s", *kv[1])))
+        if inputs is None:
+            # No records reach it: its state is what it started with.
+            return None, state
+        want = self.wants_outputs(node_id)
+        if isinstance(spec, KeyedCountSpec) and not want:
+            partial = inputs.mapPartitions(_count_partial(spec.key_fn, self.mp))
+            merged = _union_of(self.union([partial, restored])).partitionBy(
+                self.partitions, _identity).mapPartitions(_merge_counts, True)
+            m = self.mp
+            return None, merged.map(lambda t: (key_group_for(t[2], m),
+                                               ("count", "value", t[2], t[3])))
+        keyed_in = inputs.mapPartitions(_key_records(spec.key_fn, self.mp))
+        both = _union_of(self.union([keyed_in, restored])).partitionBy(self.partitions, _identity)
+        run = both.mapPartitions(_keyed(spec, node.uid, self.mp, want), True)
+        if want:
+            run = run.persist()
+            self.persisted.append(run)
+        outputs = run.filter(lambda t: t[0] == "o").map(lambda t: (t[1], t[2])) if want else None
+        states = run.filter(lambda t: t[0] == "s").map(lambda t: (t[1], t[2]))
+        return outputs, states
+
+
+def _union_of(rdd: RDD | None) -> RDD:
+    assert rdd is not None  # one of its parts always is
+    return rdd
+
+
+def _identity(kg: int) -> int:
+    return kg
+
+
+def _components(plan: ExecutionPlan, back: set[int]) -> list[tuple[str, Any]]:
+    """Nodes and loops in a topological order of the graph's condensation."""
+    comp: dict[int, Any] = {}
+    for i, loop in enumerate(plan.loops):
+        for n in loop:
+            comp[n] = ("loop", i)
+    for node in plan.graph.nodes:
+        comp.setdefault(node.id, ("node", node.id))
+    succ: dict[Any, set[Any]] = collections.defaultdict(set)
+    indeg: dict[Any, int] = {c: 0 for c in set(comp.values())}
+    for e in plan.graph.edges:
+        a, b = comp[e.source], comp[e.target]
+        if a != b and b not in succ[a]:
+            succ[a].add(b)
+            indeg[b] += 1
+    order = []
+    ready = sorted(c for c, d in indeg.items() if d == 0)
+    while ready:
+        c = ready.pop(0)
+        order.append(c)
+        for d in sorted(succ[c]):
+            indeg[d] -= 1
+            if indeg[d] == 0:
+                ready.append(d)
+        ready.sort()
+    return order
+
+
+def _loop_order(plan: ExecutionPlan, loop: frozenset[int], back: set[int]) -> list[int]:
+    """The loop's nodes in topological order of its forward edges."""
+    inner = [e for e in plan.graph.edges
+             if e.source in loop and e.target in loop and e.id not in back]
+    indeg = {n: 0 for n in loop}
+    for e in inner:
+        indeg[e.target] += 1
+    ready = sorted(n for n, d in indeg.items() if d == 0)
+    order = []
+    while ready:
+        n = ready.pop(0)
+        order.append(n)
+        for e in inner:
+            if e.source == n:
+                indeg[e.target] -= 1
+                if indeg[e.target] == 0:
+                    ready.append(e.target)
+        ready.sort()
+    return order
+
+
+def evaluate(sc: Any, plan: ExecutionPlan, sources: dict[int, RDD], *,
+             initial_state: dict[str, RDD] | None = None,
+             feedback: dict[int, RDD] | None = None,
+             unreplayed: dict[str, str] | None = None,
+             partitions: int = 8) -> tuple[Evaluation, list[RDD]]:
+    """Evaluate ``plan`` with the records of ``sources`` (node id -> tagged
+    RDD), starting from ``initial_state`` (uid -> state RDD) and with
+    ``feedback`` (loop head node id -> tagged RDD) entering the loops' heads
+    in their first round. Returns the evaluation and the RDDs it persisted
+    (unpersist them when done)."""
+    ev = _Evaluator(sc, plan, partitions)
+    for uid, why in (unreplayed or {}).items():
+        ev.blocked(plan.graph.node_by_uid(uid).id, why)
+    initial = dict(initial_state or {})
+    feedback = dict(feedback or {})
+    out: dict[int, RDD | None] = {}
+    graph = plan.graph
+
+    def inputs_of(n: int, edges: Iterable[Edge]) -> RDD | None:
+        return ev.union(out.get(e.source) for e in edges)
+
+    for kind, c in _components(plan, ev.back):
+        if kind == "node":
+            node = graph.nodes[c]
+            if node.is_source:
+                out[c] = None if node.uid in ev.result.unreplayed else sources.get(c)
+                continue
+            outputs, state = ev.node(c, inputs_of(c, graph.inputs(c)),
+                                     initial.get(node.uid))
+            out[c] = outputs
+            if state is not None:
+                ev.result.state[node.uid] = state
+            elif isinstance(node.payload, KEYED_SPECS) and node.uid in initial:
+                ev.result.state[node.uid] = initial[node.uid]
+            continue
+        loop = plan.loops[c]
+        order = _loop_order(plan, loop, ev.back)
+        external = {n: inputs_of(n, [e for e in graph.inputs(n) if e.source not in loop])
+                    for n in loop}
+        state = {graph.nodes[n].uid: initial.get(graph.nodes[n].uid) for n in loop}
+        carry: dict[int, RDD | None] = {n: feedback.get(n) for n in loop}
+        leaving: dict[int, list[RDD]] = collections.defaultdict(list)
+        rounds = 0
+        while True:
+            this: dict[int, RDD | None] = {}
+            for n in order:
+                inner = [e for e in graph.inputs(n)
+                         if e.source in loop and e.id not in ev.back]
+                records = ev.union([external[n] if rounds == 0 else None, carry.get(n),
+                                    *(this.get(e.source) for e in inner)])
+                uid = graph.nodes[n].uid
+                outputs, new_state = ev.node(n, records, state.get(uid))
+                this[n] = outputs
+                if new_state is not None:
+                    new_state = new_state.persist()
+                    ev.persisted.append(new_state)
+                    state[uid] = new_state
+                if outputs is not None and any(e.target not in loop
+                                               for e in graph.outputs(n)):
+                    outputs = outputs.persist()
+                    ev.persisted.append(outputs)
+                    this[n] = outputs
+                    leaving[n].append(outputs)
+            carry = {}
+            for e in graph.edges:
+                if e.id in ev.back and e.source in loop and this.get(e.source) is not None:
+                    carry[e.target] = ev.union([carry.get(e.target), this[e.source]])
+            alive = False
+            for n, rdd in list(carry.items()):
+                if rdd is None:
+                    continue
+                rdd = rdd.persist()
+                ev.persisted.append(rdd)
+                carry[n] = rdd
+                if not rdd.isEmpty():
+                    alive = True
+            rounds += 1
+            if not alive:
+                break
+            if rounds >= MAX_ROUNDS:
+                raise RuntimeError(f"loop {sorted(graph.nodes[n].uid for n in loop)} still "
+                                   f"has records in flight after {MAX_ROUNDS} rounds")
+        ev.result.rounds[c] = rounds
+        for n in loop:
+            out[n] = ev.union(leaving.get(n, []))
+            uid = graph.nodes[n].uid
+            if state.get(uid) is not None:
+                ev.result.state[uid] = state[uid]
+    return ev.result, ev.persisted

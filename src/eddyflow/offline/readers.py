@@ -1,0 +1,176 @@
+"""Checkpoints as Spark DataFrames: metadata, source positions, keyed state
+and back-edge logs — the State Processor API of eddyflow (API.md, Offline).
+
+Reading is distributed: the driver reads only the (small) metadata; each
+Spark task reads and verifies one subtask's state file, i.e. that subtask's
+key groups, on its executor. The checkpoint folder must therefore be
+readable at the same path from every executor (a local folder for
+``local[*]``, a shared file system on a cluster).
+
+Keys and values are arbitrary Python objects; the DataFrames show them as
+text — a ``str`` as itself, anything else as its ``repr`` — so that they are
+one column type whatever a job keeps. ``state_rdd`` gives the objects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from eddyflow.offline.checkpoint import (
+    CheckpointRef,
+    KeyedFile,
+    keyed_files,
+    open_checkpoint,
+    read_keyed_file,
+    read_verified_backedge_log,
+)
+from eddyflow.state.storage import FileHandle
+
+__all__ = ["as_text", "backedge_rdd", "read_backedge_log", "read_metadata", "read_positions",
+           "read_state", "state_rdd"]
+
+CheckpointLike = str | os.PathLike[str] | CheckpointRef
+
+
+def as_text(x: Any) -> str | None:
+    """How a key or value shows in a DataFrame column."""
+    if x is None:
+        return None
+    return x if isinstance(x, str) else repr(x)
+
+
+def _ref(chk: CheckpointLike) -> CheckpointRef:
+    return chk if isinstance(chk, CheckpointRef) else open_checkpoint(chk)
+
+
+def read_metadata(spark: Any, directory: str | os.PathLike[str]) -> Any:
+    """One row per completed checkpoint and operator of a checkpoint
+    directory; a checkpoint whose metadata does not verify is left out (and
+    logged), as it does not exist for recovery either."""
+    from pyspark.sql import types as T
+
+    from eddyflow.checkpoints import list_checkpoints
+
+    rows = []
+    for info in list_checkpoints(directory):
+        for uid, op in sorted(info.operators.items()):
+            parts = op["subtasks"].values()
+            entries = sum(int(p["keyed"].get("entries", 0)) for p in parts if "keyed" in p)
+            size = sum(int(p["keyed"]["file"]["size"]) for p in parts if "keyed" in p)
+            logged = sum(int(p["backedge"]["records"]) for p in parts if "backedge" in p)
+            rows.append((info.id, info.path, float(info.completed_at), float(info.duration),
+                         info.final, uid, str(op.get("kind", "")), int(op["parallelism"]),
+                         entries, size, logged))
+    schema = T.StructType([
+        T.StructField("checkpoint_id", T.LongType(), False),
+        T.StructField("path", T.StringType(), False),
+        T.StructField("completed_at", T.DoubleType(), False),
+        T.StructField("duration", T.DoubleType(), False),
+        T.StructField("final", T.BooleanType(), False),
+        T.StructField("operator", T.StringType(), False),
+        T.StructField("kind", T.StringType(), False),
+        T.StructField("parallelism", T.IntegerType(), False),
+        T.StructField("state_entries", T.LongType(), False),
+        T.StructField("state_bytes", T.LongType(), False),
+        T.StructField("backedge_records", T.LongType(), False),
+    ])
+    return spark.createDataFrame(rows, schema)
+
+
+def read_positions(spark: Any, chk: CheckpointLike) -> Any:
+    """The source positions a checkpoint recorded: ``operator, subtask,
+    parallelism, position`` (the position as JSON)."""
+    from pyspark.sql import types as T
+
+    ref = _ref(chk)
+    rows = []
+    for uid, op in sorted(ref.meta["operators"].items()):
+        for s, part in sorted(op["subtasks"].items(), key=lambda kv: int(kv[0])):
+            if "source" in part:
+                rows.append((uid, int(s), int(op["parallelism"]),
+                             json.dumps(part["source"], sort_keys=True)))
+    schema = T.StructType([
+        T.StructField("operator", T.StringType(), False),
+        T.StructField("subtask", T.IntegerType(), False),
+        T.StructField("parallelism", T.IntegerType(), False),
+        T.StructField("position", T.StringType(), False),
+    ])
+    return spark.createDataFrame(rows, schema)
+
+
+def _read_file(kf: KeyedFile) -> Any:
+    for kg, name, key, value in read_keyed_file(kf):
+        yield kg, (kf.operator, kf.subtask, name, kf.kinds.get(name, "value"), key, value)
+
+
+def state_rdd(sc: Any, chk: CheckpointLike, operator: str | None = None) -> Any:
+    """Keyed state as an RDD of ``(key_group, (operator, subtask, state,
+    kind, key, value))`` with the Python objects; one Spark task per state
+    file."""
+    files = keyed_files(_ref(chk), operator)
+    if not files:
+        return sc.emptyRDD()
+    return sc.parallelize(files, len(files)).flatMap(_read_file)
+
+
+def read_state(spark: Any, chk: CheckpointLike, operator: str | None = None) -> Any:
+    """Keyed state: ``operator, subtask, key_group, key, state, value``."""
+    from pyspark.sql import types as T
+
+    rows = state_rdd(spark.sparkContext, chk, operator).map(
+        lambda t: (t[1][0], t[1][1], t[0], as_text(t[1][4]), t[1][2], as_text(t[1][5])))
+    schema = T.StructType([
+        T.StructField("operator", T.StringType(), False),
+        T.StructField("subtask", T.IntegerType(), False),
+        T.StructField("key_group", T.IntegerType(), False),
+        T.StructField("key", T.StringType(), True),
+        T.StructField("state", T.StringType(), False),
+        T.StructField("value", T.StringType(), True),
+    ])
+    return spark.createDataFrame(rows, schema)
+
+
+def _backedge_parts(ref: CheckpointRef) -> list[tuple[str, int, str, FileHandle]]:
+    out = []
+    for uid, op in sorted(ref.meta["operators"].items()):
+        for s, part in sorted(op["subtasks"].items(), key=lambda kv: int(kv[0])):
+            if "backedge" in part:
+                out.append((uid, int(s), ref.root, FileHandle.from_json(part["backedge"]["file"])))
+    return out
+
+
+def _read_log(part: tuple[str, int, str, FileHandle]) -> Any:
+    uid, subtask, root, handle = part
+    channels = read_verified_backedge_log(root, handle)
+    for channel in sorted(channels):
+        for seq, record in enumerate(channels[channel]):
+            yield uid, subtask, channel, seq, record
+
+
+def backedge_rdd(sc: Any, chk: CheckpointLike) -> Any:
+    """Back-edge log records: ``(head operator, subtask, channel, seq,
+    record)`` with the Python objects, in logged order."""
+    parts = _backedge_parts(_ref(chk))
+    if not parts:
+        return sc.emptyRDD()
+    return sc.parallelize(parts, len(parts)).flatMap(_read_log)
+
+
+def read_backedge_log(spark: Any, chk: CheckpointLike) -> Any:
+    """The records a checkpoint holds on loop back-edges: ``operator,
+    subtask, channel, seq, record``."""
+    from pyspark.sql import types as T
+
+    rows = backedge_rdd(spark.sparkContext, chk).map(
+        lambda t: (t[0], t[1], t[2], t[3], as_text(t[4])))
+    schema = T.StructType([
+        T.StructField("operator", T.StringType(), False),
+        T.StructField("subtask", T.IntegerType(), False),
+        T.StructField("channel", T.IntegerType(), False),
+        T.StructField("seq", T.LongType(), False),
+        T.StructField("record", T.StringType(), True),
+    ])
+    return spark.createDataFrame(rows, schema)
+

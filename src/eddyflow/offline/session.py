@@ -1,0 +1,33 @@
+"""A Spark session for the offline jobs, configured for a laptop or a cluster.
+
+The executors' Python must be the driver's (eddyflow and the job's imports
+live there), so ``PYSPARK_PYTHON`` defaults to ``sys.executable``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+__all__ = ["spark_session"]
+
+
+def spark_session(master: str | None = None, app_name: str = "eddyflow") -> Any:
+    """The active Spark session, or a new one on ``master`` (default
+    ``local[*]``; any Spark master URL works unchanged)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None or SparkSession.getActiveSession() is None:
+        builder = builder.master(master or "local[*]")
+    spark = (builder
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.driver.memory", os.environ.get("EDDYFLOW_SPARK_DRIVER_MEMORY", "2g"))
+             .config("spark.sql.shuffle.partitions", "8")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark

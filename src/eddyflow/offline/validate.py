@@ -1,0 +1,236 @@
+"""Proving a checkpoint consistent: replay the job in Spark and compare.
+
+``validate`` loads the job file's ``build(env)``, replays every source from
+its beginning up to the position the checkpoint recorded for it, evaluates
+the job's operators in batch (``evaluate.py``) and compares the keyed state
+it arrives at — what exactly-once processing of that input prefix must give
+— with the checkpoint's, key by key: nothing lost, nothing counted twice.
+
+For a loop the checkpoint is more than its operators' state: records that
+were round the loop when it was taken are in its head's back-edge log, and a
+restore feeds them back in. So the snapshot's side of the comparison is the
+snapshot state *run forward* with the back-edge logs until the loops are
+empty (with no new input), and the replay's side runs the input prefix until
+the loops are empty. A consistent snapshot makes both the same.
+
+User functions travel to the executors with Spark's cloudpickle, by value
+for the job file and the modules beside it (the executors need not have the
+job file on their path; they need eddyflow installed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from eddyflow.graph.plan import ExecutionPlan
+from eddyflow.jobfile import load_job
+from eddyflow.offline.checkpoint import CheckpointRef, open_checkpoint
+from eddyflow.offline.evaluate import KEYED_SPECS, evaluate
+from eddyflow.offline.readers import as_text, backedge_rdd, state_rdd
+from eddyflow.offline.replay import replay_split
+from eddyflow.runtime.operators import SourceSpec
+
+__all__ = ["ValidationReport", "validate"]
+
+MISMATCH_COLUMNS = ("operator", "state", "key", "expected", "actual")
+
+
+@dataclass
+class ValidationReport:
+    """The outcome of :func:`validate`."""
+
+    checkpoint: str
+    checkpoint_id: int
+    #: Every replayable operator's state matches and none was left out.
+    ok: bool
+    #: ``operator, state, key, expected, actual`` (text) of every entry that
+    #: differs; ``expected`` or ``actual`` is null for a missing entry.
+    mismatches: Any
+    mismatch_count: int
+    #: State entries compared (the union of both sides' keys).
+    compared: int
+    #: Keyed operators whose state was compared.
+    operators: list[str]
+    #: Operators that could not be replayed, with the reason; their state is
+    #: not vouched for.
+    unreplayed: dict[str, str] = field(default_factory=dict)
+    #: Source records replayed, per source operator.
+    records_replayed: dict[str, int] = field(default_factory=dict)
+    #: Rounds each loop took, replay side.
+    loop_rounds: list[int] = field(default_factory=list)
+
+    def first_mismatches(self, n: int = 20) -> list[tuple[Any, ...]]:
+        rows = self.mismatches.orderBy("operator", "state", "key").limit(n).collect()
+        return [tuple(r) for r in rows]
+
+
+def _by_value(module: Any) -> None:
+    """Ship the job module, and the modules its folder holds, by value."""
+    from pyspark import cloudpickle
+
+    folder = os.path.dirname(os.path.abspath(module.__file__))
+    for name, mod in list(sys.modules.items()):
+        path = getattr(mod, "__file__", None)
+        if mod is module or (path and os.path.dirname(os.path.abspath(path)) == folder
+                             and not name.startswith("eddyflow")):
+            # A module not importable by name (a job run as __main__) is
+            # pickled by value anyway.
+            with contextlib.suppress(ValueError):
+                cloudpickle.register_pickle_by_value(mod)  # type: ignore[no-untyped-call]
+
+
+def _replay(source: Any, uid: str, node_id: int, parallelism: int,
+            positions: dict[int, Any], counter: Any) -> Any:
+    def run(subtask: int) -> Iterator[tuple[tuple[int, ...], Any]]:
+        seq = 0
+        for batch in replay_split(source, uid, subtask, parallelism, positions[subtask]):
+            for r in batch:
+                yield (node_id, subtask, seq), r
+                seq += 1
+        counter.add(seq)
+    return run
+
+
+def _compare(items: Iterable[Any]) -> Iterator[tuple[str | None, ...] | int]:
+    """One partition of key groups: pair expected and actual entries; yield
+    the mismatches as text rows, then the number of entries compared."""
+    sides: dict[tuple[str, str, Any], list[Any]] = {}
+    missing = object()
+    for _, (side, uid, name, key, value) in items:
+        pair = sides.setdefault((uid, name, key), [missing, missing])
+        pair[0 if side == "e" else 1] = value
+    for (uid, name, key), (expected, actual) in sides.items():
+        if expected is missing or actual is missing or expected != actual:
+            yield (uid, name, as_text(key),
+                   None if expected is missing else as_text(expected),
+                   None if actual is missing else as_text(actual))
+    yield len(sides)
+
+
+def _sided(side: str, uid: str) -> Any:
+    return lambda kv: (kv[0], (side, uid, kv[1][0], kv[1][2], kv[1][3]))
+
+
+def validate(spark: Any, chk: str | os.PathLike[str] | CheckpointRef, *,
+             job: str | os.PathLike[str], checkpoint: int | None = None,
+             partitions: int | None = None) -> ValidationReport:
+    """Validate checkpoint ``chk`` (a ``chk-<n>`` folder, or a checkpoint
+    directory with ``checkpoint`` or the latest) against the job file
+    ``job``. See the module docstring for what is compared."""
+    from pyspark.sql import types as T
+
+    ref = chk if isinstance(chk, CheckpointRef) else open_checkpoint(chk, checkpoint)
+    sc = spark.sparkContext
+    module = load_job(job)
+    from eddyflow.environment import StreamEnvironment
+
+    env = StreamEnvironment()
+    module.build(env)
+    _by_value(module)
+    meta_ops: dict[str, Any] = ref.meta["operators"]
+    plan: ExecutionPlan = env.plan()
+    mp = int(ref.meta.get("max_parallelism") or plan.max_parallelism)
+    plan = dataclasses.replace(plan, max_parallelism=mp)
+    parts = partitions or max(2, min(mp, 4 * sc.defaultParallelism))
+
+    sources: dict[int, Any] = {}
+    unreplayed: dict[str, str] = {}
+    counters: dict[str, Any] = {}
+    for node in plan.graph.nodes:
+        if not node.is_source:
+            continue
+        assert isinstance(node.payload, SourceSpec)
+        src = node.payload.source
+        op = meta_ops.get(node.uid)
+        if op is None:
+            unreplayed[node.uid] = (f"source '{node.uid}' is not in checkpoint {ref.id} "
+                                    f"(it has {sorted(meta_ops)})")
+            continue
+        if not src.replayable:
+            unreplayed[node.uid] = f"source '{node.uid}' ({type(src).__name__}) is not replayable"
+            continue
+        p = int(op["parallelism"])
+        positions = {int(s): part.get("source") for s, part in op["subtasks"].items()}
+        counters[node.uid] = sc.accumulator(0)
+        sources[node.id] = sc.parallelize(range(p), p).flatMap(
+            _replay(src, node.uid, node.id, p, positions, counters[node.uid]))
+
+    persisted: list[Any] = []
+    try:
+        expected, kept = evaluate(sc, plan, sources, unreplayed=unreplayed, partitions=parts)
+        persisted += kept
+        snapshot_all = state_rdd(sc, ref)
+        keyed_uids = sorted({u for u, op in meta_ops.items()
+                             if any("keyed" in p for p in op["subtasks"].values())})
+        initial = {
+            uid: snapshot_all.filter(lambda t, u=uid: t[1][0] == u).map(
+                lambda t: (t[0], t[1][2:]))
+            for uid in keyed_uids
+        }
+        logs = backedge_rdd(sc, ref)
+        logged = [int(p["backedge"]["records"]) for op in meta_ops.values()
+                  for p in op["subtasks"].values() if "backedge" in p]
+        if sum(logged):
+            # Run the snapshot forward with its in-flight records.
+            heads = {n.uid: n.id for n in plan.graph.nodes}
+            feedback: dict[int, Any] = {}
+            for uid in {u for u, op in meta_ops.items()
+                        if any("backedge" in p for p in op["subtasks"].values())}:
+                if uid not in heads:
+                    unreplayed[uid] = f"loop head '{uid}' of the checkpoint is not in the job"
+                    continue
+                nid = heads[uid]
+                feedback[nid] = logs.filter(lambda t, u=uid: t[0] == u).map(
+                    lambda t, n=nid: ((n, t[1], t[2], t[3]), t[4]))
+            actual, kept = evaluate(sc, plan, {}, initial_state=initial, feedback=feedback,
+                                    unreplayed=unreplayed, partitions=parts)
+            persisted += kept
+            actual_state = actual.state
+        else:
+            actual_state = initial
+
+        skip = set(expected.unreplayed)
+        graph_keyed = {n.uid for n in plan.graph.nodes if isinstance(n.payload, KEYED_SPECS)}
+        compared_uids = sorted((graph_keyed | set(keyed_uids)) - skip)
+        sided = [expected.state[u].map(_sided("e", u)) for u in compared_uids
+                 if u in expected.state]
+        sided += [actual_state[u].map(_sided("a", u)) for u in compared_uids
+                  if u in actual_state]
+        if sided:
+            rows = sc.union(sided).partitionBy(parts, lambda kg: kg).mapPartitions(_compare)
+            rows = rows.persist()
+            persisted.append(rows)
+            compared = rows.filter(lambda r: isinstance(r, int)).sum()
+            mismatch_rows = rows.filter(lambda r: not isinstance(r, int))
+        else:
+            compared = 0
+            mismatch_rows = sc.emptyRDD()
+        schema = T.StructType([T.StructField(c, T.StringType(), c in ("expected", "actual"))
+                               for c in MISMATCH_COLUMNS])
+        mismatches = spark.createDataFrame(mismatch_rows, schema).cache()
+        count = mismatches.count()
+    finally:
+        for rdd in persisted:
+            rdd.unpersist()
+    unreplayed_all = dict(expected.unreplayed)
+    unreplayed_all.update(unreplayed)
+    vouched = [u for u in unreplayed_all if u in graph_keyed or u in keyed_uids]
+    return ValidationReport(
+        checkpoint=ref.path,
+        checkpoint_id=ref.id,
+        ok=count == 0 and not vouched,
+        mismatches=mismatches,
+        mismatch_count=count,
+        compared=int(compared),
+        operators=compared_uids,
+        unreplayed=unreplayed_all,
+        records_replayed={u: int(c.value) for u, c in counters.items()},
+        loop_rounds=[expected.rounds[i] for i in sorted(expected.rounds)],
+    )
+
