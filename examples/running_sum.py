@@ -8,12 +8,13 @@ each sensor's running total and emits (sensor, reading, total).
 
 from __future__ import annotations
 
+import os
 import random
 
 import eddyflow as ef
 
 SENSORS = 50
-EVENTS = 20_000
+EVENTS = int(os.environ.get("RUNNING_SUM_EVENTS", "20000"))
 
 
 def events() -> list[tuple[str, int]]:

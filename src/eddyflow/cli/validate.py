@@ -49,6 +49,9 @@ def validate_command(directory: str, job: str, checkpoint_id: int | None, master
     except (FileNotFoundError, CheckpointCorrupted) as exc:
         raise click.UsageError(str(exc)) from exc
     started = time.perf_counter()
+    from pyspark.sql import SparkSession
+
+    ours = SparkSession.getActiveSession() is None  # else embedded: leave it running
     spark = spark_session(master, app_name=f"eddyflow validate chk-{ref.id}")
     try:
         report = validate(spark, ref, job=job)
@@ -76,5 +79,6 @@ def validate_command(directory: str, job: str, checkpoint_id: int | None, master
         console.print(f"[green]consistent[/green]: checkpoint {report.checkpoint_id}")
     else:
         console.print(f"[red]NOT consistent[/red]: checkpoint {report.checkpoint_id}")
-    spark.stop()
+    if ours:
+        spark.stop()
     sys.exit(0 if report.ok else 1)

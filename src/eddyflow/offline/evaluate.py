@@ -18,7 +18,9 @@ by key group — the stable hash the runtime uses — never by Python's ``hash``
 
 Loops (strongly connected components) are iterated in rounds until no record
 comes back round any back-edge; keyed state inside a loop is carried from one
-round to the next.
+round to the next. Once a loop's records in flight and state are few, its
+remaining rounds run on the driver (``localrdd.py``): a Spark round costs
+about a second of scheduling however little it does.
 
 A missing input is ``None`` (statically empty), so a run that replays no
 source (only a checkpoint's back-edge logs) evaluates only what those reach.
@@ -35,6 +37,7 @@ from eddyflow.graph.dfs import EdgeKind
 from eddyflow.graph.logical import Edge
 from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.keygroups import key_group_for
+from eddyflow.offline.localrdd import LocalContext, to_local, to_spark
 from eddyflow.runtime.operators import (
     FilterSpec,
     FlatMapSpec,
@@ -51,6 +54,10 @@ from eddyflow.runtime.operators import (
 from eddyflow.state.backend import MemoryStateBackend
 
 __all__ = ["MAX_ROUNDS", "Evaluation", "evaluate"]
+
+#: Records in flight plus keyed state entries of a loop below which its
+#: remaining rounds run on the driver (localrdd.py).
+LOCAL_LIMIT = 200_000
 
 #: Rounds a loop may take before the evaluation gives up (a loop that never
 #: empties would never terminate in the streaming run either).
@@ -368,6 +375,7 @@ def evaluate(sc: Any, plan: ExecutionPlan, sources: dict[int, RDD], *,
         carry: dict[int, RDD | None] = {n: feedback.get(n) for n in loop}
         leaving: dict[int, list[RDD]] = collections.defaultdict(list)
         rounds = 0
+        local = False
         while True:
             this: dict[int, RDD | None] = {}
             for n in order:
@@ -392,15 +400,23 @@ def evaluate(sc: Any, plan: ExecutionPlan, sources: dict[int, RDD], *,
             for e in graph.edges:
                 if e.id in ev.back and e.source in loop and this.get(e.source) is not None:
                     carry[e.target] = ev.union([carry.get(e.target), this[e.source]])
-            alive = False
+            in_flight = 0
             for n, rdd in list(carry.items()):
                 if rdd is None:
                     continue
                 rdd = rdd.persist()
                 ev.persisted.append(rdd)
                 carry[n] = rdd
-                if not rdd.isEmpty():
-                    alive = True
+                in_flight += rdd.count()
+            alive = in_flight > 0
+            if alive and not local and in_flight < LOCAL_LIMIT:
+                held = sum(r.count() for r in state.values() if r is not None)
+                if in_flight + held < LOCAL_LIMIT:
+                    # Few records left round a small loop: finish it on the driver.
+                    local = True
+                    ev.sc = LocalContext()
+                    carry = {n: None if r is None else to_local(r) for n, r in carry.items()}
+                    state = {u: None if r is None else to_local(r) for u, r in state.items()}
             rounds += 1
             if not alive:
                 break
@@ -408,9 +424,10 @@ def evaluate(sc: Any, plan: ExecutionPlan, sources: dict[int, RDD], *,
                 raise RuntimeError(f"loop {sorted(graph.nodes[n].uid for n in loop)} still "
                                    f"has records in flight after {MAX_ROUNDS} rounds")
         ev.result.rounds[c] = rounds
+        ev.sc = sc
         for n in loop:
-            out[n] = ev.union(leaving.get(n, []))
+            out[n] = ev.union([to_spark(sc, r) for r in leaving.get(n, [])])
             uid = graph.nodes[n].uid
             if state.get(uid) is not None:
-                ev.result.state[uid] = state[uid]
+                ev.result.state[uid] = to_spark(sc, state[uid])
     return ev.result, ev.persisted

@@ -20,9 +20,10 @@ def spark_session(master: str | None = None, app_name: str = "eddyflow") -> Any:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.appName(app_name)
-    if master is not None or SparkSession.getActiveSession() is None:
-        builder = builder.master(master or "local[*]")
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    builder = SparkSession.builder.appName(app_name).master(master or "local[*]")
     spark = (builder
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
