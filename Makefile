@@ -39,6 +39,7 @@ bench-all: $(VENV)/.bench
 	$(PY) benchmarks/throughput.py
 	$(PY) benchmarks/overhead.py --plot docs/img/overhead.png
 	$(PY) benchmarks/iterations.py
+	$(PY) benchmarks/validate.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
