@@ -261,10 +261,6 @@ def kill_and_restart(tmp: Path, *, records: int, keys: int, max_rounds: int, kil
     print(f"{len(values):,} records committed exactly once after {context}")
 
 
-# In the slow tier while issue 4's open defect stands: after several kills the
-# final restored run sometimes does not finish (a hang, seen with seeds 7 and
-# 2015), which would make `make test` flaky. Run it with `make test-all`.
-@pytest.mark.slow
 def test_sigkill_loop_at_random_moments_then_restore_latest_is_exactly_once(
         tmp_path: Path) -> None:
     kill_and_restart(tmp_path, records=400_000, keys=500, max_rounds=4, kills=10, slow=0.004,

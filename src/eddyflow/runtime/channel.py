@@ -149,6 +149,10 @@ class InputGate:
     def block(self, index: int) -> None:
         self.blocked[index] = True
 
+    def unblock(self, index: int) -> None:
+        self.blocked[index] = False
+        self._wake()
+
     def unblock_all(self) -> None:
         self.blocked = [False] * len(self.channels)
         self._wake()

@@ -639,8 +639,9 @@ class Task:
             await self._write_and_ack(n, snaps, position, alignment, sync_duration, backlog)
 
         early = self._early.pop(n, set())
+        stale: set[int] = set()
         for old in [k for k in self._early if k < n]:
-            del self._early[old]
+            stale |= self._early.pop(old)
         back_edges = [i for i, r in enumerate(self.regular)
                       if not r and not self._ended[i] and i not in early]
         if forward and back_edges and stored:
@@ -651,8 +652,7 @@ class Task:
                                          write)
             for w in self.writers:
                 await w.emit_event(barrier)
-            return
-        if coordinator.synchronous or self.spawn is None:
+        elif coordinator.synchronous or self.spawn is None:
             await write()
             if forward:
                 for w in self.writers:
@@ -662,6 +662,25 @@ class Task:
                 for w in self.writers:
                     await w.emit_event(barrier)
             self.spawn(write)
+        # The back-edges on which barrier n came back before this snapshot
+        # were blocked until it (_on_back_edge_barrier); it is taken and the
+        # barrier forwarded, so what follows on them, which is after n, flows
+        # again. This must happen here, where _early[n] is consumed, and not
+        # only at the end of an alignment (_check_aligned unblocks the whole
+        # gate): a head whose regular inputs have ended snapshots at its own
+        # trigger (_run_gate), with no alignment. Left blocked, such a
+        # back-edge was never read again: the records after the barrier stayed
+        # in flight, or its end-of-input was never seen, so the head never
+        # finished, every later checkpoint and the final one timed out, and
+        # the job hung (the SIGKILL loop soak: head[0] read barrier n from
+        # head[1]'s side of the loop before its own log input's end-of-input,
+        # which is when it learnt of n, and then blocked again[1]->head[0]
+        # forever). Channels blocked for an older checkpoint that this head
+        # never snapshotted are released too: nothing is aligning on them.
+        gate = self.gate
+        if gate is not None:
+            for i in sorted(early | stale):
+                gate.unblock(i)
 
     async def _write_and_ack(self, n: int, snaps: dict[str, OperatorSnapshot | None],
                              position: Any, alignment: float, sync_duration: float,
