@@ -12,14 +12,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import pickle
 import re
-import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from eddyflow.backedge.log import read_backedge_log
+from eddyflow.state.snapshot import decode_frame
 from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage, FileHandle
 
 __all__ = ["CheckpointRef", "KeyedFile", "keyed_files", "open_checkpoint", "read_keyed_file",
@@ -28,7 +27,6 @@ __all__ = ["CheckpointRef", "KeyedFile", "keyed_files", "open_checkpoint", "read
 log = logging.getLogger("eddyflow.offline")
 
 _CHK = re.compile(r"^chk-(\d+)$")
-_LEN = struct.Struct(">Q")
 
 
 @dataclass(frozen=True)
@@ -121,15 +119,7 @@ def read_keyed_file(kf: KeyedFile) -> Iterator[tuple[int, str, Any, Any]]:
     path = os.path.join(kf.root, kf.handle.path)
     for kg_text, (offset, length) in sorted(kf.index.items(), key=lambda kv: int(kv[0])):
         kg = int(kg_text)
-        (body_len,) = _LEN.unpack_from(data, offset)
-        if _LEN.size + body_len != length:
-            raise CheckpointCorrupted(f"{path}: key group {kg}: frame length mismatch")
-        try:
-            got, entries = pickle.loads(data[offset + _LEN.size : offset + length])
-        except Exception as exc:
-            raise CheckpointCorrupted(f"{path}: key group {kg} unreadable: {exc}") from exc
-        if got != kg:
-            raise CheckpointCorrupted(f"{path}: the frame at {offset} holds key group {got}")
+        entries = decode_frame(data[offset:offset + length], kg, path, offset)
         for name, key, value in entries:
             yield kg, name, key, value
 

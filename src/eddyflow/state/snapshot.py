@@ -27,7 +27,7 @@ from typing import Any
 from eddyflow.keygroups import key_group_for
 from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage, FileHandle
 
-__all__ = ["FrozenState", "read_key_groups", "write_keyed_state"]
+__all__ = ["FrozenState", "decode_frame", "read_key_groups", "write_keyed_state"]
 
 #: state name -> (kind, frozen table)
 FrozenState = dict[str, tuple[str, dict[Any, Any]]]
@@ -95,12 +95,21 @@ def read_key_groups(
             frame = f.read(length)
             if len(frame) != length:
                 raise CheckpointCorrupted(f"{path}: key group {kg} truncated")
-            (body_len,) = _LEN.unpack_from(frame)
-            try:
-                got_kg, entries = pickle.loads(frame[_LEN.size : _LEN.size + body_len])
-            except Exception as exc:
-                raise CheckpointCorrupted(f"{path}: key group {kg} unreadable: {exc}") from exc
-            if got_kg != kg:
-                raise CheckpointCorrupted(f"{path}: frame at {offset} holds key group {got_kg}")
-            for name, key, value in entries:
+            for name, key, value in decode_frame(frame, kg, path, offset):
                 yield kg, name, key, value
+
+
+def decode_frame(frame: bytes, kg: int, path: str, offset: int
+                 ) -> list[tuple[str, Any, Any]]:
+    """The ``(state, key, value)`` entries of key group ``kg``'s frame (read
+    at ``offset`` of ``path``, named in errors)."""
+    (body_len,) = _LEN.unpack_from(frame)
+    if _LEN.size + body_len != len(frame):
+        raise CheckpointCorrupted(f"{path}: key group {kg}: frame length mismatch")
+    try:
+        got_kg, entries = pickle.loads(frame[_LEN.size:])
+    except Exception as exc:
+        raise CheckpointCorrupted(f"{path}: key group {kg} unreadable: {exc}") from exc
+    if got_kg != kg:
+        raise CheckpointCorrupted(f"{path}: frame at {offset} holds key group {got_kg}")
+    return list(entries)
