@@ -132,13 +132,18 @@ def _keyed(spec: Any, uid: str, max_parallelism: int, want_outputs: bool
         kinds: dict[str, str] = {}
         restored: list[tuple[str, Any, Any]] = []
         by_key: dict[Any, list[tuple[tuple[int, ...], Any]]] = collections.defaultdict(list)
-        for _, item in items:
+        # Every key arrives with its key group (records and restored state
+        # alike): kept, so that the state written out is not hashed again.
+        group_of: dict[Any, int] = {}
+        for kg, item in items:
             if item[0] == "r":
                 by_key[item[1]].append((item[2], item[3]))
+                group_of[item[1]] = kg
             else:
                 _, name, kind, key, value = item
                 kinds[name] = kind
                 restored.append((name, key, value))
+                group_of[key] = kg
         ctx = OperatorContext(uid, 0, 1, max_parallelism, MemoryStateBackend())
         op = spec.instantiate(ctx)
         op.open()
@@ -161,7 +166,10 @@ def _keyed(spec: Any, uid: str, max_parallelism: int, want_outputs: bool
             frozen = snap.keyed if snap is not None and snap.keyed is not None else {}
             for name, (kind, table) in frozen.items():
                 for key, value in table.items():
-                    yield "s", key_group_for(key, max_parallelism), (name, kind, key, value)
+                    kg = group_of.get(key)
+                    if kg is None:  # a key only the operator's own code made
+                        kg = key_group_for(key, max_parallelism)
+                    yield "s", kg, (name, kind, key, value)
         finally:
             op.close()
     return run
@@ -181,16 +189,21 @@ def _count_partial(key_fn: Callable[[Any], Any], max_parallelism: int
 
 
 def _merge_counts(items: Iterable[Any]) -> Iterator[Any]:
-    totals: dict[Any, int] = {}
-    for _, item in items:
+    """Partial counts and restored counts of one partition, summed per key:
+    ``(key_group, ("count", "value", key, total))``."""
+    totals: dict[Any, list[int]] = {}
+    for kg, item in items:
         if item[0] == "s":  # restored state: ("s", name, kind, key, value)
-            key, value = item[3], item[4]
-            totals[key] = totals.get(key, 0) + value
+            key, n = item[3], item[4]
         else:
             key, n = item
-            totals[key] = totals.get(key, 0) + n
-    for key, n in totals.items():
-        yield "s", None, key, n
+        total = totals.get(key)
+        if total is None:
+            totals[key] = [kg, n]
+        else:
+            total[1] += n
+    for key, (kg, n) in totals.items():
+        yield kg, ("count", "value", key, n)
 
 
 # -- the graph -----------------------------------------------------------------
@@ -258,11 +271,8 @@ class _Evaluator:
         want = self.wants_outputs(node_id)
         if isinstance(spec, KeyedCountSpec) and not want:
             partial = inputs.mapPartitions(_count_partial(spec.key_fn, self.mp))
-            merged = _union_of(self.union([partial, restored])).partitionBy(
+            return None, _union_of(self.union([partial, restored])).partitionBy(
                 self.partitions, _identity).mapPartitions(_merge_counts, True)
-            m = self.mp
-            return None, merged.map(lambda t: (key_group_for(t[2], m),
-                                               ("count", "value", t[2], t[3])))
         keyed_in = inputs.mapPartitions(_key_records(spec.key_fn, self.mp))
         both = _union_of(self.union([keyed_in, restored])).partitionBy(self.partitions, _identity)
         run = both.mapPartitions(_keyed(spec, node.uid, self.mp, want), True)
@@ -283,18 +293,12 @@ def _identity(kg: int) -> int:
     return kg
 
 
-def _components(plan: ExecutionPlan, back: set[int]) -> list[tuple[str, Any]]:
-    """Nodes and loops in a topological order of the graph's condensation."""
-    comp: dict[int, Any] = {}
-    for i, loop in enumerate(plan.loops):
-        for n in loop:
-            comp[n] = ("loop", i)
-    for node in plan.graph.nodes:
-        comp.setdefault(node.id, ("node", node.id))
+def _topological(items: Iterable[Any], edges: Iterable[tuple[Any, Any]]) -> list[Any]:
+    """``items`` in a topological order of ``edges`` (Kahn's algorithm; the
+    smallest ready item first, so the order is deterministic)."""
     succ: dict[Any, set[Any]] = collections.defaultdict(set)
-    indeg: dict[Any, int] = {c: 0 for c in set(comp.values())}
-    for e in plan.graph.edges:
-        a, b = comp[e.source], comp[e.target]
+    indeg: dict[Any, int] = dict.fromkeys(items, 0)
+    for a, b in edges:
         if a != b and b not in succ[a]:
             succ[a].add(b)
             indeg[b] += 1
@@ -303,7 +307,7 @@ def _components(plan: ExecutionPlan, back: set[int]) -> list[tuple[str, Any]]:
     while ready:
         c = ready.pop(0)
         order.append(c)
-        for d in sorted(succ[c]):
+        for d in succ[c]:
             indeg[d] -= 1
             if indeg[d] == 0:
                 ready.append(d)
@@ -311,25 +315,22 @@ def _components(plan: ExecutionPlan, back: set[int]) -> list[tuple[str, Any]]:
     return order
 
 
+def _components(plan: ExecutionPlan) -> list[tuple[str, int]]:
+    """Nodes and loops in a topological order of the graph's condensation."""
+    comp: dict[int, tuple[str, int]] = {}
+    for i, loop in enumerate(plan.loops):
+        for n in loop:
+            comp[n] = ("loop", i)
+    for node in plan.graph.nodes:
+        comp.setdefault(node.id, ("node", node.id))
+    return _topological(set(comp.values()),
+                        ((comp[e.source], comp[e.target]) for e in plan.graph.edges))
+
+
 def _loop_order(plan: ExecutionPlan, loop: frozenset[int], back: set[int]) -> list[int]:
     """The loop's nodes in topological order of its forward edges."""
-    inner = [e for e in plan.graph.edges
-             if e.source in loop and e.target in loop and e.id not in back]
-    indeg = {n: 0 for n in loop}
-    for e in inner:
-        indeg[e.target] += 1
-    ready = sorted(n for n, d in indeg.items() if d == 0)
-    order = []
-    while ready:
-        n = ready.pop(0)
-        order.append(n)
-        for e in inner:
-            if e.source == n:
-                indeg[e.target] -= 1
-                if indeg[e.target] == 0:
-                    ready.append(e.target)
-        ready.sort()
-    return order
+    return _topological(loop, ((e.source, e.target) for e in plan.graph.edges
+                               if e.source in loop and e.target in loop and e.id not in back))
 
 
 def evaluate(sc: Any, plan: ExecutionPlan, sources: dict[int, RDD], *,
@@ -353,7 +354,7 @@ def evaluate(sc: Any, plan: ExecutionPlan, sources: dict[int, RDD], *,
     def inputs_of(n: int, edges: Iterable[Edge]) -> RDD | None:
         return ev.union(out.get(e.source) for e in edges)
 
-    for kind, c in _components(plan, ev.back):
+    for kind, c in _components(plan):
         if kind == "node":
             node = graph.nodes[c]
             if node.is_source:

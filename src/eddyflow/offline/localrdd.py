@@ -15,7 +15,7 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-__all__ = ["LocalContext", "LocalRDD"]
+__all__ = ["LocalContext", "LocalRDD", "to_local", "to_spark"]
 
 
 class LocalRDD:

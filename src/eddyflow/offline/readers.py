@@ -132,9 +132,12 @@ def read_state(spark: Any, chk: CheckpointLike, operator: str | None = None) -> 
     return spark.createDataFrame(rows, schema)
 
 
-def _backedge_parts(ref: CheckpointRef) -> list[tuple[str, int, str, FileHandle]]:
+def _backedge_parts(ref: CheckpointRef, operator: str | None
+                    ) -> list[tuple[str, int, str, FileHandle]]:
     out = []
     for uid, op in sorted(ref.meta["operators"].items()):
+        if operator is not None and uid != operator:
+            continue
         for s, part in sorted(op["subtasks"].items(), key=lambda kv: int(kv[0])):
             if "backedge" in part:
                 out.append((uid, int(s), ref.root, FileHandle.from_json(part["backedge"]["file"])))
@@ -149,10 +152,11 @@ def _read_log(part: tuple[str, int, str, FileHandle]) -> Any:
             yield uid, subtask, channel, seq, record
 
 
-def backedge_rdd(sc: Any, chk: CheckpointLike) -> Any:
+def backedge_rdd(sc: Any, chk: CheckpointLike, operator: str | None = None) -> Any:
     """Back-edge log records: ``(head operator, subtask, channel, seq,
-    record)`` with the Python objects, in logged order."""
-    parts = _backedge_parts(_ref(chk))
+    record)`` with the Python objects, in logged order; of loop head
+    ``operator`` only, if given."""
+    parts = _backedge_parts(_ref(chk), operator)
     if not parts:
         return sc.emptyRDD()
     return sc.parallelize(parts, len(parts)).flatMap(_read_log)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eddyflow.graph.plan import ExecutionPlan
-from eddyflow.jobfile import load_job
+from eddyflow.jobfile import build_environment
 from eddyflow.offline.checkpoint import CheckpointRef, open_checkpoint
 from eddyflow.offline.evaluate import KEYED_SPECS, evaluate
 from eddyflow.offline.readers import as_text, backedge_rdd, state_rdd
@@ -137,11 +137,7 @@ def validate(spark: Any, chk: str | os.PathLike[str] | CheckpointRef, *,
 
     ref = chk if isinstance(chk, CheckpointRef) else open_checkpoint(chk, checkpoint)
     sc = spark.sparkContext
-    module = load_job(job)
-    from eddyflow.environment import StreamEnvironment
-
-    env = StreamEnvironment()
-    module.build(env)
+    env, module = build_environment(job)
     _by_value(module)
     meta_ops: dict[str, Any] = ref.meta["operators"]
     plan: ExecutionPlan = env.plan()
@@ -175,28 +171,25 @@ def validate(spark: Any, chk: str | os.PathLike[str] | CheckpointRef, *,
     try:
         expected, kept = evaluate(sc, plan, sources, unreplayed=unreplayed, partitions=parts)
         persisted += kept
-        snapshot_all = state_rdd(sc, ref)
         keyed_uids = sorted({u for u, op in meta_ops.items()
                              if any("keyed" in p for p in op["subtasks"].values())})
-        initial = {
-            uid: snapshot_all.filter(lambda t, u=uid: t[1][0] == u).map(
-                lambda t: (t[0], t[1][2:]))
-            for uid in keyed_uids
-        }
-        logs = backedge_rdd(sc, ref)
+        # One RDD per operator over its own files: filtering one RDD of every
+        # file would read all of them again for each operator.
+        initial = {uid: state_rdd(sc, ref, uid).map(lambda t: (t[0], t[1][2:]))
+                   for uid in keyed_uids}
         logged = [int(p["backedge"]["records"]) for op in meta_ops.values()
                   for p in op["subtasks"].values() if "backedge" in p]
         if sum(logged):
             # Run the snapshot forward with its in-flight records.
-            heads = {n.uid: n.id for n in plan.graph.nodes}
+            node_ids = {n.uid: n.id for n in plan.graph.nodes}
             feedback: dict[int, Any] = {}
             for uid in {u for u, op in meta_ops.items()
                         if any("backedge" in p for p in op["subtasks"].values())}:
-                if uid not in heads:
+                if uid not in node_ids:
                     unreplayed[uid] = f"loop head '{uid}' of the checkpoint is not in the job"
                     continue
-                nid = heads[uid]
-                feedback[nid] = logs.filter(lambda t, u=uid: t[0] == u).map(
+                nid = node_ids[uid]
+                feedback[nid] = backedge_rdd(sc, ref, uid).map(
                     lambda t, n=nid: ((n, t[1], t[2], t[3]), t[4]))
             actual, kept = evaluate(sc, plan, {}, initial_state=initial, feedback=feedback,
                                     unreplayed=unreplayed, partitions=parts)
