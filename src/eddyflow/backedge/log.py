@@ -17,7 +17,7 @@ from typing import Any
 
 from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage, FileHandle
 
-__all__ = ["read_backedge_log", "write_backedge_log"]
+__all__ = ["decode_backedge_log", "read_backedge_log", "write_backedge_log"]
 
 
 async def write_backedge_log(
@@ -32,7 +32,16 @@ def read_backedge_log(root: str, handle: FileHandle) -> dict[int, list[Any]]:
     path = os.path.join(root, handle.path)
     try:
         with open(path, "rb") as f:
-            data = pickle.loads(f.read())
-        return {int(i): list(recs) for i, recs in data["channels"].items()}
+            data = f.read()
+    except OSError as exc:
+        raise CheckpointCorrupted(f"{path}: unreadable back-edge log: {exc}") from exc
+    return decode_backedge_log(data, path)
+
+
+def decode_backedge_log(data: bytes, path: str) -> dict[int, list[Any]]:
+    """The channels of a back-edge log file's content (``path`` for errors)."""
+    try:
+        body = pickle.loads(data)
+        return {int(i): list(recs) for i, recs in body["channels"].items()}
     except Exception as exc:
         raise CheckpointCorrupted(f"{path}: unreadable back-edge log: {exc}") from exc

@@ -9,7 +9,6 @@ records for it, by the executor that reads it.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -17,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from eddyflow.backedge.log import read_backedge_log
+from eddyflow.backedge.log import decode_backedge_log
 from eddyflow.state.snapshot import decode_frame
 from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage, FileHandle
 
@@ -99,23 +98,9 @@ def keyed_files(ref: CheckpointRef, operator: str | None = None) -> list[KeyedFi
     return out
 
 
-def _read_verified(root: str, handle: FileHandle) -> bytes:
-    path = os.path.join(root, handle.path)
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        raise CheckpointCorrupted(f"{path}: unreadable: {exc}") from exc
-    if len(data) != handle.size:
-        raise CheckpointCorrupted(f"{path}: {len(data)} bytes, the metadata says {handle.size}")
-    if hashlib.sha256(data).hexdigest() != handle.sha256:
-        raise CheckpointCorrupted(f"{path}: checksum mismatch (the file was altered)")
-    return data
-
-
 def read_keyed_file(kf: KeyedFile) -> Iterator[tuple[int, str, Any, Any]]:
     """``(key_group, state, key, value)`` of one verified keyed-state file."""
-    data = _read_verified(kf.root, kf.handle)
+    data = CheckpointStorage(kf.root).read_verified(kf.handle)
     path = os.path.join(kf.root, kf.handle.path)
     for kg_text, (offset, length) in sorted(kf.index.items(), key=lambda kv: int(kv[0])):
         kg = int(kg_text)
@@ -125,6 +110,6 @@ def read_keyed_file(kf: KeyedFile) -> Iterator[tuple[int, str, Any, Any]]:
 
 
 def read_verified_backedge_log(root: str, handle: FileHandle) -> dict[int, list[Any]]:
-    """The channels of one back-edge log file, after verifying it."""
-    _read_verified(root, handle)
-    return read_backedge_log(root, handle)
+    """The channels of one back-edge log file, verified (read once)."""
+    data = CheckpointStorage(root).read_verified(handle)
+    return decode_backedge_log(data, os.path.join(root, handle.path))

@@ -120,6 +120,13 @@ def _checksum_of(meta: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
+def _check(path: str, size: int, sha256: str, handle: FileHandle) -> None:
+    if size != handle.size:
+        raise CheckpointCorrupted(f"{path}: {size} bytes, the metadata says {handle.size}")
+    if sha256 != handle.sha256:
+        raise CheckpointCorrupted(f"{path}: checksum mismatch")
+
+
 class CheckpointStorage:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = os.path.abspath(os.fspath(root))
@@ -219,10 +226,19 @@ class CheckpointStorage:
                     size += len(chunk)
         except OSError as exc:
             raise CheckpointCorrupted(f"{path}: unreadable: {exc}") from exc
-        if size != handle.size:
-            raise CheckpointCorrupted(f"{path}: {size} bytes, the metadata says {handle.size}")
-        if digest.hexdigest() != handle.sha256:
-            raise CheckpointCorrupted(f"{path}: checksum mismatch")
+        _check(path, size, digest.hexdigest(), handle)
+
+    def read_verified(self, handle: FileHandle) -> bytes:
+        """A checkpoint file's content, verified against ``handle`` (for
+        readers that need all of it anyway: one read, not two)."""
+        path = os.path.join(self.root, handle.path)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as exc:
+            raise CheckpointCorrupted(f"{path}: unreadable: {exc}") from exc
+        _check(path, len(data), hashlib.sha256(data).hexdigest(), handle)
+        return data
 
     def verify(self, checkpoint_id: int) -> dict[str, Any]:
         """Metadata of a checkpoint whose every file checks out."""
