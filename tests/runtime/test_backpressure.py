@@ -78,26 +78,28 @@ def _run(env: ef.StreamEnvironment, sink: QueueProbeSink) -> tuple[JobRunner, ef
     return runner, result
 
 
-N = 200_000
 BATCH = 128
 CAPACITY = 4
 
 
 def test_fast_source_slow_sink_keeps_queues_bounded() -> None:
-    # Four source subtasks feed one slow sink subtask: the producers are four
-    # times faster than the consumer, so the sink's channels fill up.
+    # Four source subtasks feed one slow sink subtask: a batch costs the sink
+    # 2 ms, so even working through its backlog for a whole turn (5 ms) it
+    # takes fewer batches than the four producers add meanwhile, and its
+    # channels fill up.
+    n = 40_000
     env = ef.StreamEnvironment(parallelism=4, batch_size=BATCH, channel_capacity=CAPACITY,
                                chaining=False)
-    sink = QueueProbeSink(delay=0.00005)
-    (env.from_collection(range(N)).set_parallelism(4)
+    sink = QueueProbeSink(delay=0.002)
+    (env.from_collection(range(n)).set_parallelism(4)
         .map(lambda x: x + 1)
         .sink_to(sink).set_parallelism(1))
     _, result = _run(env, sink)
 
     n_channels = len(sink.channels())
     assert n_channels == 8  # 4 forward (source -> map) + 4 (map -> sink)
-    assert sink.count == N
-    assert result.records_in[result_sink_uid(result)] == N
+    assert sink.count == n
+    assert result.records_in[result_sink_uid(result)] == n
     # Back-pressure really happened (otherwise this test shows nothing) ...
     bound = CAPACITY * BATCH  # records a channel holds before its producer waits
     assert sink.max_records_per_channel >= bound

@@ -571,7 +571,10 @@ def test_loop_without_chaining() -> None:
 def test_feedback_spills_to_disk_and_results_stay_exact(parallelism: int,
                                                          tmp_path: Path) -> None:
     ids, rounds = 8, 9
-    env = ef.StreamEnvironment(parallelism=parallelism, batch_size=4, channel_capacity=1)
+    # Channels that queue several batches: the loop body then works off a
+    # backlog and puts several batches onto the back-edge in one turn, faster
+    # than the head reads them, so the back-edge outgrows its memory bound.
+    env = ef.StreamEnvironment(parallelism=parallelism, batch_size=4, channel_capacity=8)
     env.enable_checkpointing(0.01, tmp_path / "chk")
     loop = env.from_collection([(i, rounds) for i in range(ids)]).iterate()
     body = loop.flat_map(double)

@@ -146,6 +146,11 @@ class InputGate:
     def poll_ready(self) -> bool:
         return any(ch._items and not self.blocked[i] for i, ch in enumerate(self.channels))
 
+    def backlog(self) -> int:
+        """Records (an event counts as one) queued on the unblocked channels."""
+        blocked = self.blocked
+        return sum(ch._records for i, ch in enumerate(self.channels) if not blocked[i])
+
     def block(self, index: int) -> None:
         self.blocked[index] = True
 
