@@ -242,6 +242,7 @@ class StreamEnvironment:
                 await asyncio.sleep(strategy.delay)
                 restored = initial
                 if storage is not None:
+                    storage.clean_incomplete()  # the failed attempt's checkpoint in flight
                     found = storage.latest_valid(among=completed)
                     if found is not None:
                         restored = RestoredCheckpoint(storage, *found)

@@ -40,6 +40,7 @@ import pytest
 import eddyflow as ef
 from eddyflow.runtime import faults
 from eddyflow.state import storage as storage_module
+from eddyflow.state import writer as writer_module
 
 N = 2000
 KEYS = 20
@@ -259,6 +260,8 @@ class _SlowMetadata:
         self.landed = threading.Event()
         self.original = storage_module._write_durably
         monkeypatch.setattr(storage_module, "_write_durably", self)
+        # The writes must happen in this process to be slowed down here.
+        monkeypatch.setattr(writer_module, "ENABLED", False)
 
     def __call__(self, path: str, chunks: list[bytes], *sync_dirs: str) -> tuple[int, str]:
         if os.path.basename(path) != "_metadata":
@@ -725,6 +728,7 @@ def test_checkpoint_timeout_while_state_files_are_written_does_not_fail_the_job(
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", slow_fsync)
+    monkeypatch.setattr(writer_module, "ENABLED", False)  # fsync in this process
     directory = tmp_path / "chk"
     env = make_env(directory, interval=0.01, timeout=0.02, attempts=0)
     sink = ef.ListSink()

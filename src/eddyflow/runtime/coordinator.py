@@ -22,6 +22,7 @@ storage behind it.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -107,6 +108,7 @@ class CheckpointCoordinator:
         self._pending: _Pending | None = None
         self._final: _Pending | None = None
         self._completing: set[int] = set()  # metadata being written: not incomplete
+        self._completion_lock = anyio.Lock()
         self._finished: set[tuple[int, int]] = set()
         self._stopped = False
         self._resume = anyio.Event()
@@ -237,7 +239,11 @@ class CheckpointCoordinator:
             self._pending = None
         self._completing.add(p.id)
         try:
-            await self._write_and_commit(p)
+            # One at a time, in the order they were acknowledged: the metadata
+            # write is awaited (the writer process), and the final checkpoint
+            # may be acknowledged while a periodic one is still being written.
+            async with self._completion_lock:
+                await self._write_and_commit(p)
         finally:
             self._completing.discard(p.id)
 
@@ -257,7 +263,7 @@ class CheckpointCoordinator:
         for t in self.tasks:
             t.notify_checkpoint_complete(p.id)
         if self.storage is not None:
-            self._retain()
+            await self._retain()
         p.done.set()
         self._resume.set()
 
@@ -287,16 +293,31 @@ class CheckpointCoordinator:
         p.done.set()
         self._resume.set()
 
-    def _retain(self) -> None:
+    async def _retain(self) -> None:
         assert self.storage is not None and self.config is not None
         keep = sorted(self.retained)[-self.config.retained:]
-        for n in self.retained:
-            if n not in keep:
-                self.storage.discard(n)
+        # Decided before the first await: another checkpoint may complete
+        # (and retain) while these are deleted.
+        victims = [n for n in self.retained if n not in keep]
         self.retained = keep
+        for n in victims:
+            await self.storage.discard_async(n)
+        self.sweep_aborted()
+
+    def sweep_aborted(self) -> None:
+        """Remove the folders of aborted checkpoints again: a state file
+        that was being written when its checkpoint was aborted lands after
+        the abort removed the folder, and creates it anew. (Only these: a
+        scan of every ``chk-*`` folder at each checkpoint cost a stat per
+        retained checkpoint; leftovers of earlier runs go at start-up.)"""
+        storage = self.storage
+        if storage is None:
+            return
         in_flight = {p.id for p in (self._pending, self._final) if p is not None}
         in_flight |= self._completing
-        self.storage.clean_incomplete(keep=in_flight)
+        for n in self.aborted:
+            if n not in in_flight and os.path.isdir(storage.checkpoint_dir(n)):
+                storage.discard(n)
 
     # -- metadata ----------------------------------------------------------
 

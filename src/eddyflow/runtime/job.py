@@ -5,6 +5,7 @@ and no coroutine outlives the job (DESIGN.md §7).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,9 +32,13 @@ from eddyflow.runtime.writers import (
     RebalanceWriter,
     RecordWriter,
 )
+from eddyflow.state import writer as writer_process
 from eddyflow.state.backend import StateBackend
+from eddyflow.state.writer import WriterProcess
 
 __all__ = ["JobRunner", "RuntimeConfig"]
+
+log = logging.getLogger("eddyflow.checkpoints")
 
 
 @dataclass(frozen=True)
@@ -219,6 +224,7 @@ class JobRunner:
         tasks = self.build()
         await self._reinject_backedge_logs()
         coordinator = self.coordinator
+        writer = await self._start_writer()
         try:
             async with anyio.create_task_group() as outer:
                 self._spawn = outer.start_soon
@@ -243,7 +249,29 @@ class JobRunner:
             raise failed from failed.__cause__
         finally:
             self._close_feedback()
+            # Every write has landed (they run in the outer task group).
+            coordinator.sweep_aborted()
+            if writer is not None:
+                assert coordinator.storage is not None
+                coordinator.storage.writer = None
+                await writer.aclose()
         return self.result(time.monotonic() - started)
+
+    async def _start_writer(self) -> WriterProcess | None:
+        """The helper process of this run's checkpoint writes, if any (see
+        :mod:`eddyflow.state.writer`); without one they are done in-process."""
+        storage = self.coordinator.storage
+        if storage is None or not writer_process.ENABLED:
+            return None
+        writer = WriterProcess()
+        try:
+            await writer.start()
+        except OSError as exc:
+            log.warning("no checkpoint writer process (%s): checkpoint files are written "
+                        "on the event loop's thread", exc)
+            return None
+        storage.writer = writer
+        return writer
 
     def _close_feedback(self) -> None:
         for ch in self.feedback_channels:

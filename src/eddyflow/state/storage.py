@@ -35,6 +35,7 @@ import anyio
 import anyio.lowlevel
 
 from eddyflow.durable import fsync_dir
+from eddyflow.state.writer import WriterProcess
 
 __all__ = [
     "METADATA",
@@ -130,6 +131,9 @@ def _check(path: str, size: int, sha256: str, handle: FileHandle) -> None:
 class CheckpointStorage:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = os.path.abspath(os.fspath(root))
+        #: Set while a job runs: the helper process that does the writes
+        #: (see :mod:`eddyflow.state.writer`); without it they are done here.
+        self.writer: WriterProcess | None = None
 
     # -- layout ----------------------------------------------------------------
 
@@ -155,6 +159,10 @@ class CheckpointStorage:
         ``INLINE_WRITE_LIMIT``); a large one in one call off the loop, so
         records keep flowing meanwhile."""
         path = os.path.join(self.root, relpath)
+        writer = self.writer
+        if writer is not None and writer.running:
+            size, sha = await writer.write(path, b"".join(chunks))
+            return FileHandle(relpath, size, sha)
         data = list(chunks)
         if sum(map(len, data)) <= INLINE_WRITE_LIMIT:
             size, sha = _write_durably(path, data)
@@ -167,19 +175,28 @@ class CheckpointStorage:
         the checkpoint exists."""
         meta = dict(meta, format_version=FORMAT_VERSION, checkpoint_id=checkpoint_id)
         meta["checksum"] = _checksum_of(meta)
+        writer = self.writer
+        if writer is not None and writer.running:
+            data = json.dumps(meta, indent=1, sort_keys=True).encode()
+            path = os.path.join(self.checkpoint_dir(checkpoint_id), METADATA)
+            await writer.write(path, data, sync_before=self._file_dirs(meta),
+                               sync_after=[os.path.dirname(path), self.root])
+            return path
         path = self._write_metadata_now(checkpoint_id, meta)
         await anyio.lowlevel.checkpoint()
         return path
+
+    def _file_dirs(self, meta: dict[str, Any]) -> list[str]:
+        """The folders of a checkpoint's files. Their renames must be durable
+        before the metadata that names them: each is fsynced once, first."""
+        return sorted({os.path.dirname(os.path.join(self.root, str(f["path"])))
+                       for f in meta.get("files", [])})
 
     def _write_metadata_now(self, checkpoint_id: int, meta: dict[str, Any]) -> str:
         data = json.dumps(meta, indent=1, sort_keys=True).encode()
         folder = self.checkpoint_dir(checkpoint_id)
         path = os.path.join(folder, METADATA)
-        # The renames of the state files must be durable before the metadata
-        # that names them: fsync each of their folders once, here.
-        dirs = {os.path.dirname(os.path.join(self.root, str(f["path"])))
-                for f in meta.get("files", [])}
-        for d in sorted(dirs):
+        for d in self._file_dirs(meta):
             if os.path.isdir(d):
                 fsync_dir(d)
         _write_durably(path, [data], folder, self.root)
@@ -194,6 +211,15 @@ class CheckpointStorage:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(folder, METADATA))
         shutil.rmtree(folder, ignore_errors=True)
+
+    async def discard_async(self, checkpoint_id: int) -> None:
+        """:meth:`discard`, by the writer process when there is one."""
+        writer = self.writer
+        if writer is not None and writer.running:
+            folder = self.checkpoint_dir(checkpoint_id)
+            await writer.remove(folder, os.path.join(folder, METADATA))
+        else:
+            self.discard(checkpoint_id)
 
     # -- reading and verifying -------------------------------------------------
 

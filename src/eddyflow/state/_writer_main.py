@@ -1,0 +1,116 @@
+"""The checkpoint writer process: the body of :mod:`eddyflow.state.writer`'s
+helper. It runs as ``python -I -S _writer_main.py`` and uses the standard
+library only, so that it starts in milliseconds and never imports the job.
+
+It reads requests from stdin and answers each with one JSON line on stdout,
+in order. A request is a 4-byte big-endian header length, the header (JSON),
+and ``size`` payload bytes. Operations:
+
+``write``  ``path``, ``size``, ``sync_before``, ``sync_after``: fsync the
+           folders ``sync_before``, write the payload to a temporary name next
+           to ``path``, fsync it, rename it over ``path``, fsync the folders
+           ``sync_after``; answers ``size`` and ``sha256``.
+``remove`` ``path`` (a folder), ``first`` (a file in it): unlink ``first``,
+           then the folder's tree.
+
+Every answer carries the request's ``id`` and ``ok``; a failure answers
+``error`` and ``errno`` and the process goes on. It exits at the end of its
+input, and before any request once its parent has gone (a killed job must
+not write into a folder that a restarted one is using).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import struct
+import sys
+from typing import IO, Any
+
+_HEADER = struct.Struct(">I")
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_durably(path: str, data: bytes, sync_before: list[str],
+                  sync_after: list[str]) -> dict[str, Any]:
+    for d in sync_before:
+        if os.path.isdir(d):
+            fsync_dir(d)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    for d in sync_after:
+        fsync_dir(d)
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def remove(path: str, first: str) -> dict[str, Any]:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(first)
+    shutil.rmtree(path, ignore_errors=True)
+    return {}
+
+
+def read_exactly(stream: IO[bytes], n: int) -> bytes | None:
+    parts = []
+    while n:
+        chunk = stream.read(n)
+        if not chunk:
+            return None
+        parts.append(chunk)
+        n -= len(chunk)
+    return b"".join(parts)
+
+
+def serve(requests: IO[bytes], answers: IO[bytes], parent: int) -> None:
+    while True:
+        head = read_exactly(requests, _HEADER.size)
+        if head is None:
+            return
+        (length,) = _HEADER.unpack(head)
+        raw = read_exactly(requests, length)
+        if raw is None:
+            return
+        header = json.loads(raw)
+        payload = read_exactly(requests, int(header.get("size", 0))) or b""
+        if parent and os.getppid() != parent:
+            return  # orphaned: our job is gone
+        answer: dict[str, Any] = {"id": header["id"], "ok": True}
+        try:
+            op = header["op"]
+            if op == "write":
+                answer |= write_durably(header["path"], payload, header.get("sync_before", []),
+                                        header.get("sync_after", []))
+            elif op == "remove":
+                answer |= remove(header["path"], header["first"])
+            else:
+                raise ValueError(f"unknown operation {op!r}")
+        except OSError as exc:
+            answer = {"id": header["id"], "ok": False, "error": str(exc), "errno": exc.errno}
+        except Exception as exc:  # reported to the caller, who raises it
+            answer = {"id": header["id"], "ok": False,
+                      "error": f"{type(exc).__name__}: {exc}", "errno": None}
+        answers.write(json.dumps(answer).encode() + b"\n")
+        answers.flush()
+
+
+if __name__ == "__main__":
+    serve(sys.stdin.buffer, sys.stdout.buffer, int(sys.argv[1]) if len(sys.argv) > 1 else 0)

@@ -1,0 +1,141 @@
+"""The asynchronous phase's file I/O, done by a helper process.
+
+Creating, writing, fsyncing and renaming a checkpoint's files costs the
+thread that does it several milliseconds per checkpoint (on the ext4 disks
+here a new file costs ~1 ms, a new folder ~0.7 ms, each fsync 0.3-0.9 ms),
+and a checkpoint has a file per stateful subtask plus its metadata. On the
+event loop's thread that time is taken from processing, in every mode: the
+asynchronous phase would not be asynchronous at all. A worker thread does not
+help: a thread that waits for the GIL while the event loop keeps releasing
+and retaking it (at every ``select``) restarts its wait each time and can
+starve for hundreds of milliseconds (measured: up to 1 s per fsync).
+
+So one helper process per job run (:mod:`eddyflow.state._writer_main`,
+standard library only) does the writes, with its own interpreter and on
+another core; the loop only hands it bytes through a pipe and awaits the
+answer. The helper writes exactly as :func:`eddyflow.state.storage` would
+(temporary name, fsync, rename, folder fsyncs) and returns the size and
+SHA-256 that go into the metadata.
+
+Calls are shielded from cancellation: a failing job waits for a write to
+land or fail rather than leave a checkpoint to complete behind its back.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import struct
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+from anyio.abc import Process
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+__all__ = ["WriterProcess"]
+
+log = logging.getLogger("eddyflow.checkpoints")
+
+#: Set ``EDDYFLOW_WRITER_PROCESS=0`` to write in-process (a program that may
+#: not start processes, or a test that slows the disk down in-process).
+ENABLED = os.environ.get("EDDYFLOW_WRITER_PROCESS", "1") != "0"
+
+_HEADER = struct.Struct(">I")
+_HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_writer_main.py")
+_MAX_ANSWER = 1 << 20
+
+
+class WriterProcess:
+    """A helper process writing checkpoint files durably."""
+
+    def __init__(self) -> None:
+        self._process: Process | None = None
+        self._answers: BufferedByteReceiveStream | None = None
+        self._ids = itertools.count(1)
+        self._send_lock = anyio.Lock()
+        self._receive_lock = anyio.Lock()
+        self._done: dict[int, dict[str, Any]] = {}
+        self._failed: str | None = None
+
+    async def start(self) -> None:
+        self._process = await anyio.open_process(
+            [sys.executable, "-I", "-S", _HELPER, str(os.getpid())],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None)
+        assert self._process.stdout is not None
+        self._answers = BufferedByteReceiveStream(self._process.stdout)
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._failed is None
+
+    async def write(self, path: str, data: bytes, sync_before: Sequence[str] = (),
+                    sync_after: Sequence[str] = ()) -> tuple[int, str]:
+        """Write ``data`` to ``path`` durably; returns its size and SHA-256."""
+        answer = await self._call({"op": "write", "path": path,
+                                   "sync_before": list(sync_before),
+                                   "sync_after": list(sync_after)}, data, path)
+        return int(answer["size"]), str(answer["sha256"])
+
+    async def remove(self, folder: str, first: str) -> None:
+        """Delete file ``first``, then the tree ``folder``."""
+        await self._call({"op": "remove", "path": folder, "first": first}, b"", folder)
+
+    async def _call(self, header: dict[str, Any], payload: bytes, what: str) -> dict[str, Any]:
+        with anyio.CancelScope(shield=True):
+            answer = await self._exchange(header, payload)
+        if not answer["ok"]:
+            errno = answer.get("errno")
+            if errno is not None:
+                raise OSError(errno, f"checkpoint writer: {answer['error']}", what)
+            raise OSError(f"checkpoint writer: {answer['error']} ({what})")
+        return answer
+
+    async def _exchange(self, header: dict[str, Any], payload: bytes) -> dict[str, Any]:
+        process, answers = self._process, self._answers
+        if process is None or answers is None or process.stdin is None:
+            raise RuntimeError("the checkpoint writer process is not running")
+        if self._failed is not None:
+            raise OSError(self._failed)
+        rid = next(self._ids)
+        raw = json.dumps(dict(header, id=rid, size=len(payload))).encode()
+        try:
+            async with self._send_lock:
+                await process.stdin.send(_HEADER.pack(len(raw)) + raw + payload)
+            # The helper answers in order; whoever reads hands each answer to
+            # its caller, so no reader task has to outlive the callers.
+            while rid not in self._done:
+                async with self._receive_lock:
+                    if rid in self._done:
+                        break
+                    line = await answers.receive_until(b"\n", _MAX_ANSWER)
+                    answer = json.loads(line)
+                    self._done[int(answer["id"])] = answer
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError,
+                anyio.IncompleteRead, OSError) as exc:
+            self._failed = f"the checkpoint writer process is gone ({type(exc).__name__})"
+            raise OSError(self._failed) from exc
+        return self._done.pop(rid)
+
+    async def aclose(self) -> None:
+        """Let the helper finish what it was asked and exit."""
+        process = self._process
+        if process is None:
+            return
+        self._process = None
+        with anyio.CancelScope(shield=True):
+            try:
+                if process.stdin is not None:
+                    await process.stdin.aclose()
+                with anyio.move_on_after(10):
+                    await process.wait()
+                if process.returncode is None:
+                    log.warning("checkpoint writer process did not exit: killing it")
+                    process.kill()
+                    await process.wait()
+            finally:
+                await process.aclose()

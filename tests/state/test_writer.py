@@ -1,0 +1,184 @@
+"""The checkpoint writer process (``eddyflow.state.writer``) and its helper
+(``eddyflow.state._writer_main``): durable, atomic writes with the right
+size and checksum; failures reported, not fatal to the helper; a cancelled
+caller still waits for its write to land; a dead helper is an error, not a
+hang; an orphaned helper writes nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import struct
+from pathlib import Path
+
+import anyio
+import pytest
+
+from eddyflow.state import _writer_main
+from eddyflow.state.storage import CheckpointStorage, FileHandle
+from eddyflow.state.writer import WriterProcess
+
+
+async def _started() -> WriterProcess:
+    w = WriterProcess()
+    await w.start()
+    return w
+
+
+def test_write_is_durable_atomic_and_checksummed(tmp_path: Path) -> None:
+    async def go() -> None:
+        w = await _started()
+        try:
+            data = os.urandom(200_000)
+            path = tmp_path / "chk-1" / "op-0" / "keyed-state"
+            size, sha = await w.write(str(path), data, sync_after=[str(tmp_path)])
+            assert (size, sha) == (len(data), hashlib.sha256(data).hexdigest())
+            assert path.read_bytes() == data
+            assert os.listdir(path.parent) == ["keyed-state"]  # no temporary left
+            # Overwrites replace the whole file.
+            await w.write(str(path), b"x")
+            assert path.read_bytes() == b"x"
+        finally:
+            await w.aclose()
+
+    anyio.run(go)
+
+
+def test_concurrent_writes_each_get_their_own_answer(tmp_path: Path) -> None:
+    results: dict[int, tuple[int, str]] = {}
+
+    async def go() -> None:
+        w = await _started()
+        try:
+            async def one(i: int) -> None:
+                results[i] = await w.write(str(tmp_path / f"f{i}"), bytes([i]) * (i * 1000 + 1))
+
+            async with anyio.create_task_group() as tg:
+                for i in range(20):
+                    tg.start_soon(one, i)
+        finally:
+            await w.aclose()
+
+    anyio.run(go)
+    for i in range(20):
+        data = bytes([i]) * (i * 1000 + 1)
+        assert results[i] == (len(data), hashlib.sha256(data).hexdigest())
+        assert (tmp_path / f"f{i}").read_bytes() == data
+
+
+def test_a_failed_write_raises_oserror_and_the_helper_goes_on(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a folder")
+
+    async def go() -> None:
+        w = await _started()
+        try:
+            with pytest.raises(OSError) as info:
+                await w.write(str(tmp_path / "file" / "below"), b"data")
+            assert info.value.errno is not None
+            assert "file" in str(info.value)
+            await w.write(str(tmp_path / "ok"), b"fine")
+        finally:
+            await w.aclose()
+
+    anyio.run(go)
+    assert (tmp_path / "ok").read_bytes() == b"fine"
+
+
+def test_remove_deletes_the_marker_first_then_the_tree(tmp_path: Path) -> None:
+    folder = tmp_path / "chk-3"
+    (folder / "op-0").mkdir(parents=True)
+    (folder / "op-0" / "keyed-state").write_bytes(b"s")
+    (folder / "_metadata").write_text("{}")
+
+    async def go() -> None:
+        w = await _started()
+        try:
+            await w.remove(str(folder), str(folder / "_metadata"))
+            await w.remove(str(tmp_path / "absent"), str(tmp_path / "absent" / "_metadata"))
+        finally:
+            await w.aclose()
+
+    anyio.run(go)
+    assert not folder.exists()
+
+
+def test_a_cancelled_caller_waits_for_its_write_to_land(tmp_path: Path) -> None:
+    data = os.urandom(30 << 20)
+    path = tmp_path / "big"
+
+    async def go() -> None:
+        w = await _started()
+        try:
+            with anyio.move_on_after(0.001) as scope:
+                await w.write(str(path), data)
+            assert scope.cancelled_caught or path.exists()
+            # Back from the cancelled call: the write has landed, whole.
+            assert path.stat().st_size == len(data)
+        finally:
+            await w.aclose()
+
+    anyio.run(go)
+
+
+def test_a_dead_helper_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    async def go() -> None:
+        w = await _started()
+        try:
+            await w.write(str(tmp_path / "a"), b"a")
+            assert w._process is not None
+            w._process.kill()
+            await w._process.wait()
+            with anyio.fail_after(10), pytest.raises(OSError, match="writer process is gone"):
+                await w.write(str(tmp_path / "b"), b"b")
+            assert not w.running
+        finally:
+            await w.aclose()
+
+    anyio.run(go)
+
+
+def test_storage_writes_through_the_helper_and_verifies_on_read(tmp_path: Path) -> None:
+    storage = CheckpointStorage(tmp_path)
+
+    async def go() -> None:
+        storage.writer = await _started()
+        try:
+            handle = await storage.write_file("chk-1/op-0/keyed-state", [b"ab", b"cd"])
+            await storage.write_metadata(1, {"files": [handle.to_json()]})
+        finally:
+            await storage.writer.aclose()
+            storage.writer = None
+
+    anyio.run(go)
+    meta = storage.verify(1)  # the metadata's checksum, and each file's size and SHA-256
+    assert storage.read_verified(FileHandle.from_json(meta["files"][0])) == b"abcd"
+    assert storage.latest_valid() is not None
+
+
+def _request(header: dict[str, object], payload: bytes = b"") -> bytes:
+    raw = json.dumps(dict(header, size=len(payload))).encode()
+    return struct.pack(">I", len(raw)) + raw + payload
+
+
+def test_an_orphaned_helper_writes_nothing(tmp_path: Path) -> None:
+    # The helper was started by a process that is no longer its parent (the
+    # job was killed): it must not write into a folder a new run may use.
+    requests = io.BytesIO(_request({"id": 1, "op": "write", "path": str(tmp_path / "f")}, b"x"))
+    answers = io.BytesIO()
+    _writer_main.serve(requests, answers, parent=os.getppid() + 1_000_000)
+    assert not (tmp_path / "f").exists()
+    assert answers.getvalue() == b""
+
+
+def test_the_helper_answers_in_order_and_reports_unknown_operations(tmp_path: Path) -> None:
+    requests = io.BytesIO(
+        _request({"id": 7, "op": "write", "path": str(tmp_path / "f")}, b"hello")
+        + _request({"id": 8, "op": "frobnicate"}))
+    answers = io.BytesIO()
+    _writer_main.serve(requests, answers, parent=0)
+    first, second = (json.loads(line) for line in answers.getvalue().splitlines())
+    assert first == {"id": 7, "ok": True, "size": 5,
+                     "sha256": hashlib.sha256(b"hello").hexdigest()}
+    assert second["id"] == 8 and not second["ok"] and "frobnicate" in second["error"]
