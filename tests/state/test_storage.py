@@ -19,6 +19,8 @@ import itertools
 import json
 import logging
 import os
+import pickle
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ import pytest
 
 from eddyflow.keygroups import key_group_for, key_group_range
 from eddyflow.state import storage as storage_module
-from eddyflow.state.snapshot import read_key_groups, write_keyed_state
+from eddyflow.state.snapshot import decode_frame, read_key_groups, write_keyed_state
 from eddyflow.state.storage import (
     METADATA,
     CheckpointCorrupted,
@@ -315,6 +317,46 @@ def test_keyed_state_round_trip(storage: CheckpointStorage) -> None:
     assert spans[-1][0] + spans[-1][1] == handle.size
     # Only non-empty key groups are indexed.
     assert {int(k) for k in index} == {kg for kg, *_ in got}
+
+
+def test_layouts_follow_keys_added_and_removed_between_snapshots(
+        storage: CheckpointStorage) -> None:
+    # The layouts kept between snapshots must track the tables exactly: new
+    # keys, a few removed keys, most keys removed (rebuilt), a whole state
+    # gone, and a write while another one holds the layouts.
+    layouts: dict[str, Any] = {}
+    base = frozen_state(200)
+    steps = [
+        base,
+        {name: (kind, {**t, **{f"new-{i}": i for i in range(50)}}) if name == "count"
+         else (kind, t) for name, (kind, t) in base.items()},
+        {name: (kind, {k: v for j, (k, v) in enumerate(t.items()) if j % 10})
+         for name, (kind, t) in base.items()},
+        {name: (kind, dict(list(t.items())[:3])) for name, (kind, t) in base.items()},
+        {"count": base["count"]},
+    ]
+    for n, frozen in enumerate(steps, 1):
+        rel = f"chk-{n}/op-0/keyed-state"
+        handle, index, layouts = asyncio.run(write_keyed_state(storage, rel, frozen, MP, layouts))
+        got = list(read_key_groups(storage.root, handle, index, range(MP)))
+        assert {(name, key, repr(value)) for _, name, key, value in got} == all_entries(frozen)
+        assert len(got) == sum(len(t) for _, t in frozen.values())
+        assert all(kg == key_group_for(key, MP) for kg, _, key, _ in got)
+    layouts["count"].busy = True  # an earlier write still reads it
+    frozen = {"count": ("value", {"x": 1, "y": 2})}
+    handle, index, _ = asyncio.run(write_keyed_state(storage, "chk-9/op-0/keyed-state",
+                                                     frozen, MP, layouts))
+    got = {(name, key, value) for _, name, key, value in
+           read_key_groups(storage.root, handle, index, range(MP))}
+    assert got == {("count", "x", 1), ("count", "y", 2)}
+    assert "x" not in layouts["count"].group_of  # the busy layout was left alone
+
+
+def test_format_1_frames_are_still_read() -> None:
+    # Checkpoints written before frames held key and value columns.
+    body = pickle.dumps((5, [("count", "a", 1), ("seen", "b", [1, 2])]))
+    frame = struct.pack(">Q", len(body)) + body
+    assert decode_frame(frame, 5, "old-file", 0) == [("count", "a", 1), ("seen", "b", [1, 2])]
 
 
 def test_empty_keyed_state(storage: CheckpointStorage) -> None:

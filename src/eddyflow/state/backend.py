@@ -35,9 +35,10 @@ class KeyedStateBackend(ABC):
         # freeze: a frozen snapshot shares the value objects of the live
         # table, so the first in-place change after a freeze must copy.
         self.fresh: dict[str, set[Any]] = {}
-        # key -> key group, kept from one snapshot to the next so that only
-        # new keys are hashed when state is grouped for writing.
-        self.key_group_cache: dict[Any, int] = {}
+        # Each table's keys by key group, kept from one snapshot to the next
+        # so that only new keys are hashed and placed when state is written
+        # (eddyflow.state.snapshot.KeyGroupLayout).
+        self.key_group_cache: dict[str, Any] = {}
 
     def declare(self, name: str, kind: str) -> StateTable:
         """The table of state ``name``; one name, one kind of state."""
