@@ -34,6 +34,7 @@ _HEADER = struct.Struct(">I")
 
 
 def fsync_dir(path: str) -> None:
+    # eddyflow.durable.fsync_dir, again: this file runs without the package.
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
