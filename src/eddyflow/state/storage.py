@@ -72,8 +72,9 @@ class FileHandle:
         return FileHandle(str(d["path"]), int(d["size"]), str(d["sha256"]))
 
 
-#: Files up to this size are written on the event loop's thread (a few ms,
-#: fsync included); larger ones in one call on aiofiles' executor. A worker
+#: Without a writer process (``EDDYFLOW_WRITER_PROCESS=0``, or outside a job
+#: run), files up to this size are written on the event loop's thread (a few
+#: ms, fsync included); larger ones in one call on aiofiles' executor. A worker
 #: thread of a busy event loop starves for the GIL: measured, a 54 KB state
 #: file took up to 0.9 s off-loop and 3-7 ms inline, so that off-loop writes
 #: let most checkpoints miss their interval (benchmarks/overhead.py).
@@ -162,9 +163,10 @@ class CheckpointStorage:
 
     async def write_file(self, relpath: str, chunks: Iterable[bytes]) -> FileHandle:
         """Write ``chunks`` durably to ``relpath`` (under the root) and return
-        its handle. Small files are written inline (see
-        ``INLINE_WRITE_LIMIT``); a large one in one call off the loop, so
-        records keep flowing meanwhile."""
+        its handle. While a job runs, its writer process does it (see
+        :mod:`eddyflow.state.writer`). Without one, small files are written
+        inline (see ``INLINE_WRITE_LIMIT``) and a large one in one call off
+        the loop."""
         path = os.path.join(self.root, relpath)
         writer = self.writer
         if writer is not None and writer.running:
