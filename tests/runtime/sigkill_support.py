@@ -67,3 +67,28 @@ def wait_for_checkpoint_after(proc: subprocess.Popen[bytes], chk: Path, after: i
 
 def seed(default: int) -> int:
     return int(os.environ.get("EF_SIGKILL_SEED", default))
+
+
+def writer_helpers_of(pid: int) -> list[int]:
+    """Pids of checkpoint writer processes started by process ``pid`` (their
+    command line names the writer script and their parent's pid)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"_writer_main.py") for a in argv) and str(pid).encode() in argv:
+            found.append(int(entry))
+    return found
+
+
+def wait_for_writer_helpers_to_exit(pid: int, timeout: float = 10.0) -> list[int]:
+    """Wait until no writer process of ``pid`` is left; returns those left."""
+    deadline = time.monotonic() + timeout
+    while (left := writer_helpers_of(pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left

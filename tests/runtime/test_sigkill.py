@@ -44,6 +44,8 @@ from sigkill_support import (
     latest_checkpoint,
     seed,
     wait_for_checkpoint_after,
+    wait_for_writer_helpers_to_exit,
+    writer_helpers_of,
 )
 
 import eddyflow as ef
@@ -61,6 +63,7 @@ class KillLog:
     kills: int = 0
     effective: int = 0  # kills of a live run that had completed a checkpoint of its own
     finished_early: int = 0  # runs that completed before their kill came
+    with_writer: int = 0  # killed runs whose checkpoint writer process was running
     events: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -138,6 +141,8 @@ def kill_and_restart(tmp: Path, *, records: int, keys: int, kills: int, slow: fl
             history.events.append(f"run {job.runs} finished before its kill ({how})")
             break
         at_kill = latest_checkpoint(chk)
+        if writer_helpers_of(proc.pid):
+            history.with_writer += 1
         os.kill(proc.pid, signal.SIGKILL)  # not reaped yet: the pid is still this child's
         rc = proc.wait()
         if rc == 0:  # it finished between the poll and the kill
@@ -146,6 +151,10 @@ def kill_and_restart(tmp: Path, *, records: int, keys: int, kills: int, slow: fl
             break
         assert rc == -signal.SIGKILL, (f"run {job.runs}: exit code {rc}, expected SIGKILL "
                                        f"({context}):\n{stderr_path.read_text(errors='replace')}")
+        # Its checkpoint writer process must not outlive it (it would write
+        # into the folder the next run uses).
+        left = wait_for_writer_helpers_to_exit(proc.pid)
+        assert not left, f"run {job.runs}: writer processes {left} outlived their job ({context})"
         history.kills += 1
         if at_kill > before:
             history.effective += 1
@@ -168,6 +177,7 @@ def kill_and_restart(tmp: Path, *, records: int, keys: int, kills: int, slow: fl
     # progress after it had checkpointed (the machine's load cannot prevent
     # that, since every other kill waits for a checkpoint of its run).
     assert history.effective >= 1, f"no kill interrupted a run after a checkpoint ({context})"
+    assert history.with_writer >= 1, f"no killed run had a writer process ({context})"
 
     got = committed_output(out)
     counts = collections.Counter(got)
