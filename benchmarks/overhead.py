@@ -26,9 +26,10 @@ without limit; the final checkpoint at the end of input is left out). The
 checkpoints are written under the system's temporary folder (``--chk-dir``).
 
 Repetitions are interleaved (a round runs every configuration once, with the
-no-checkpoint run at both ends of the round and the order of the intervals
-rotated from round to round), ``gc.collect()`` runs before each, and medians
-are reported, to resist noise on a shared machine. Every run's result is
+no-checkpoint run at both ends of the round, the order of the intervals
+rotated from round to round and ABS and synchronous taking turns to go
+first), ``gc.collect()`` runs before each and ``os.sync()`` after each
+(untimed), and medians are reported, to resist noise on a shared machine. Every run's result is
 verified: the final count of every group, the number of committed records,
 and the final keyed state of both count operators must equal those of the
 run without checkpoints and of an independent computation.
@@ -268,6 +269,9 @@ def run_once(config: Config, shape: Shape, chk_root: str | None,
         done = ef.list_checkpoints(folder) if config.mode is not None else []
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+        # Untimed: let the disk finish this run's writes and deletions, which
+        # would otherwise be flushed during the next run and slow it down.
+        os.sync()
     groups: dict[int, int] = {}
     for g, n in sink.results:
         if n > groups.get(g, 0):
@@ -302,11 +306,19 @@ def make_configs(intervals: Sequence[float]) -> tuple[Config, list[Config]]:
 
 
 def round_order(baseline: Config, others: list[Config], r: int) -> list[Config]:
-    """No checkpoints at both ends; intervals rotated, ABS/sync order alternated."""
+    """No checkpoints at both ends; intervals rotated; the ABS/sync order
+    alternates from pair to pair and from round to round.
+
+    Alternating it per round only (every pair ABS-first, then every pair
+    sync-first) made every ABS run follow a synchronous run and vice versa,
+    and a run carries costs over into the next one (measured: at 5 s, where
+    neither mode takes a checkpoint and the two runs are the same, ABS was
+    slower in all 5 rounds). Alternating per pair as well gives each mode
+    every kind of predecessor."""
     pairs = [others[k : k + 2] for k in range(0, len(others), 2)]
     shift = r % len(pairs)
     pairs = pairs[shift:] + pairs[:shift]
-    middle = [c for p in pairs for c in (p if r % 2 == 0 else p[::-1])]
+    middle = [c for k, p in enumerate(pairs) for c in (p if (r + k) % 2 == 0 else p[::-1])]
     return [baseline, *middle, baseline]
 
 
