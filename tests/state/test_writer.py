@@ -10,13 +10,13 @@ import hashlib
 import io
 import json
 import os
-import struct
 from pathlib import Path
 
 import anyio
 import pytest
 
 from eddyflow.state import _writer_main
+from eddyflow.state._writer_main import encode_request
 from eddyflow.state.storage import CheckpointStorage, FileHandle
 from eddyflow.state.writer import WriterProcess
 
@@ -157,15 +157,11 @@ def test_storage_writes_through_the_helper_and_verifies_on_read(tmp_path: Path) 
     assert storage.latest_valid() is not None
 
 
-def _request(header: dict[str, object], payload: bytes = b"") -> bytes:
-    raw = json.dumps(dict(header, size=len(payload))).encode()
-    return struct.pack(">I", len(raw)) + raw + payload
-
-
 def test_an_orphaned_helper_writes_nothing(tmp_path: Path) -> None:
     # The helper was started by a process that is no longer its parent (the
     # job was killed): it must not write into a folder a new run may use.
-    requests = io.BytesIO(_request({"id": 1, "op": "write", "path": str(tmp_path / "f")}, b"x"))
+    request = encode_request({"id": 1, "op": "write", "path": str(tmp_path / "f")}, b"x")
+    requests = io.BytesIO(request)
     answers = io.BytesIO()
     _writer_main.serve(requests, answers, parent=os.getppid() + 1_000_000)
     assert not (tmp_path / "f").exists()
@@ -174,8 +170,8 @@ def test_an_orphaned_helper_writes_nothing(tmp_path: Path) -> None:
 
 def test_the_helper_answers_in_order_and_reports_unknown_operations(tmp_path: Path) -> None:
     requests = io.BytesIO(
-        _request({"id": 7, "op": "write", "path": str(tmp_path / "f")}, b"hello")
-        + _request({"id": 8, "op": "frobnicate"}))
+        encode_request({"id": 7, "op": "write", "path": str(tmp_path / "f")}, b"hello")
+        + encode_request({"id": 8, "op": "frobnicate"}))
     answers = io.BytesIO()
     _writer_main.serve(requests, answers, parent=0)
     first, second = (json.loads(line) for line in answers.getvalue().splitlines())

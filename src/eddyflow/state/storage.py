@@ -35,6 +35,7 @@ import anyio
 import anyio.lowlevel
 
 from eddyflow.durable import fsync_dir
+from eddyflow.state._writer_main import write_durably
 from eddyflow.state.writer import WriterProcess
 
 __all__ = [
@@ -85,23 +86,10 @@ def _write_durably(path: str, chunks: list[bytes], *sync_dirs: str) -> tuple[int
     """Write to a temporary name, fsync, rename over ``path``, then fsync
     ``sync_dirs``: a crash leaves the old file or the new one. (State files
     leave their folders' fsync to ``write_metadata``, which does it once per
-    checkpoint before the metadata makes the checkpoint exist.)"""
-    folder = os.path.dirname(path)
-    os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    digest = hashlib.sha256()
-    size = 0
-    with open(tmp, "wb") as f:
-        for chunk in chunks:
-            digest.update(chunk)
-            size += len(chunk)
-            f.write(chunk)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    for d in sync_dirs:
-        fsync_dir(d)
-    return size, digest.hexdigest()
+    checkpoint before the metadata makes the checkpoint exist.) The same
+    sequence as the writer process's, by the same code."""
+    done = write_durably(path, chunks, sync_after=sync_dirs)
+    return int(done["size"]), str(done["sha256"])
 
 
 _P = ParamSpec("_P")
@@ -143,6 +131,10 @@ class CheckpointStorage:
         #: (see :mod:`eddyflow.state.writer`); without it they are done here.
         self.writer: WriterProcess | None = None
 
+    def _running_writer(self) -> WriterProcess | None:
+        writer = self.writer
+        return writer if writer is not None and writer.running else None
+
     # -- layout ----------------------------------------------------------------
 
     def checkpoint_dir(self, checkpoint_id: int) -> str:
@@ -168,8 +160,8 @@ class CheckpointStorage:
         inline (see ``INLINE_WRITE_LIMIT``) and a large one in one call off
         the loop."""
         path = os.path.join(self.root, relpath)
-        writer = self.writer
-        if writer is not None and writer.running:
+        writer = self._running_writer()
+        if writer is not None:
             size, sha = await writer.write(path, b"".join(chunks))
             return FileHandle(relpath, size, sha)
         data = list(chunks)
@@ -184,8 +176,8 @@ class CheckpointStorage:
         the checkpoint exists."""
         meta = dict(meta, format_version=FORMAT_VERSION, checkpoint_id=checkpoint_id)
         meta["checksum"] = _checksum_of(meta)
-        writer = self.writer
-        if writer is not None and writer.running:
+        writer = self._running_writer()
+        if writer is not None:
             data = _encode_metadata(meta)
             path = os.path.join(self.checkpoint_dir(checkpoint_id), METADATA)
             await writer.write(path, data, sync_before=self._file_dirs(meta),
@@ -223,8 +215,8 @@ class CheckpointStorage:
 
     async def discard_async(self, checkpoint_id: int) -> None:
         """:meth:`discard`, by the writer process when there is one."""
-        writer = self.writer
-        if writer is not None and writer.running:
+        writer = self._running_writer()
+        if writer is not None:
             folder = self.checkpoint_dir(checkpoint_id)
             await writer.remove(folder, os.path.join(folder, METADATA))
         else:

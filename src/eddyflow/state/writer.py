@@ -27,7 +27,6 @@ import itertools
 import json
 import logging
 import os
-import struct
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -37,6 +36,8 @@ import anyio
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from eddyflow.state._writer_main import encode_request
+
 __all__ = ["WriterProcess"]
 
 log = logging.getLogger("eddyflow.checkpoints")
@@ -45,7 +46,6 @@ log = logging.getLogger("eddyflow.checkpoints")
 #: not start processes, or a test that slows the disk down in-process).
 ENABLED = os.environ.get("EDDYFLOW_WRITER_PROCESS", "1") != "0"
 
-_HEADER = struct.Struct(">I")
 _HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_writer_main.py")
 _MAX_ANSWER = 1 << 20
 
@@ -102,10 +102,10 @@ class WriterProcess:
         if self._failed is not None:
             raise OSError(self._failed)
         rid = next(self._ids)
-        raw = json.dumps(dict(header, id=rid, size=len(payload))).encode()
+        request = encode_request(dict(header, id=rid), payload)
         try:
             async with self._send_lock:
-                await process.stdin.send(_HEADER.pack(len(raw)) + raw + payload)
+                await process.stdin.send(request)
             # The helper answers in order; whoever reads hands each answer to
             # its caller, so no reader task has to outlive the callers.
             while rid not in self._done:
