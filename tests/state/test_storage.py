@@ -302,7 +302,7 @@ def all_entries(frozen: dict[str, tuple[str, dict[Any, Any]]]) -> set[tuple[str,
 
 def test_keyed_state_round_trip(storage: CheckpointStorage) -> None:
     frozen = frozen_state()
-    handle, index, _ = asyncio.run(write_keyed_state(storage, "chk-1/op-0/keyed-state", frozen, MP))
+    handle, index = asyncio.run(write_keyed_state(storage, "chk-1/op-0/keyed-state", frozen, MP))
     storage.verify_file(handle)
     got = list(read_key_groups(storage.root, handle, index, range(MP)))
     assert {(name, key, repr(value)) for _, name, key, value in got} == all_entries(frozen)
@@ -337,15 +337,15 @@ def test_layouts_follow_keys_added_and_removed_between_snapshots(
     ]
     for n, frozen in enumerate(steps, 1):
         rel = f"chk-{n}/op-0/keyed-state"
-        handle, index, layouts = asyncio.run(write_keyed_state(storage, rel, frozen, MP, layouts))
+        handle, index = asyncio.run(write_keyed_state(storage, rel, frozen, MP, layouts))
         got = list(read_key_groups(storage.root, handle, index, range(MP)))
         assert {(name, key, repr(value)) for _, name, key, value in got} == all_entries(frozen)
         assert len(got) == sum(len(t) for _, t in frozen.values())
         assert all(kg == key_group_for(key, MP) for kg, _, key, _ in got)
     layouts["count"].busy = True  # an earlier write still reads it
     frozen = {"count": ("value", {"x": 1, "y": 2})}
-    handle, index, _ = asyncio.run(write_keyed_state(storage, "chk-9/op-0/keyed-state",
-                                                     frozen, MP, layouts))
+    handle, index = asyncio.run(write_keyed_state(storage, "chk-9/op-0/keyed-state",
+                                                  frozen, MP, layouts))
     got = {(name, key, value) for _, name, key, value in
            read_key_groups(storage.root, handle, index, range(MP))}
     assert got == {("count", "x", 1), ("count", "y", 2)}
@@ -360,7 +360,7 @@ def test_format_1_frames_are_still_read() -> None:
 
 
 def test_empty_keyed_state(storage: CheckpointStorage) -> None:
-    handle, index, _ = asyncio.run(write_keyed_state(storage, "chk-1/op-0/keyed-state", {}, MP))
+    handle, index = asyncio.run(write_keyed_state(storage, "chk-1/op-0/keyed-state", {}, MP))
     assert handle.size == 0 and index == {}
     assert list(read_key_groups(storage.root, handle, index, range(MP))) == []
 
@@ -378,7 +378,7 @@ def test_keyed_state_rescaling_reads_exactly_the_owned_key_groups(
         part = {name: (kind, {k: v for k, v in t.items() if key_group_for(k, MP) in mine})
                 for name, (kind, t) in frozen.items()}
         files.append(asyncio.run(write_keyed_state(
-            storage, f"chk-1/op-{s}/keyed-state", part, MP))[:2])
+            storage, f"chk-1/op-{s}/keyed-state", part, MP)))
     seen: list[tuple[str, Any, str]] = []
     for s in range(new_p):
         groups = key_group_range(s, MP, new_p)
@@ -393,7 +393,7 @@ def test_keyed_state_rescaling_reads_exactly_the_owned_key_groups(
 
 def test_reading_a_subset_opens_only_the_wanted_frames(storage: CheckpointStorage) -> None:
     frozen = {"count": ("value", {f"k{i}": i for i in range(200)})}
-    handle, index, _ = asyncio.run(write_keyed_state(storage, "chk-1/op-0/keyed-state", frozen, MP))
+    handle, index = asyncio.run(write_keyed_state(storage, "chk-1/op-0/keyed-state", frozen, MP))
     wanted = sorted(int(k) for k in index)[:3]
     # Damage every frame except the wanted ones: reading the subset still works.
     path = Path(storage.root, handle.path)
@@ -410,7 +410,7 @@ def test_reading_a_subset_opens_only_the_wanted_frames(storage: CheckpointStorag
 
 def test_damaged_frame_raises_checkpoint_corrupted(storage: CheckpointStorage) -> None:
     frozen = {"count": ("value", {f"k{i}": i for i in range(50)})}
-    handle, index, _ = asyncio.run(write_keyed_state(storage, "chk-1/op-0/keyed-state", frozen, MP))
+    handle, index = asyncio.run(write_keyed_state(storage, "chk-1/op-0/keyed-state", frozen, MP))
     path = Path(storage.root, handle.path)
     kg, (offset, length) = next(iter(index.items()))
     data = bytearray(path.read_bytes())
@@ -422,7 +422,7 @@ def test_damaged_frame_raises_checkpoint_corrupted(storage: CheckpointStorage) -
 
 def test_truncated_state_file_raises_checkpoint_corrupted(storage: CheckpointStorage) -> None:
     frozen = {"count": ("value", {f"k{i}": i for i in range(50)})}
-    handle, index, _ = asyncio.run(write_keyed_state(storage, "chk-1/op-0/keyed-state", frozen, MP))
+    handle, index = asyncio.run(write_keyed_state(storage, "chk-1/op-0/keyed-state", frozen, MP))
     path = Path(storage.root, handle.path)
     last = max(index, key=lambda k: index[k][0])
     path.write_bytes(path.read_bytes()[: index[last][0] + 3])

@@ -725,11 +725,9 @@ class Task:
             if snap is not None:
                 if snap.keyed is not None and storage is not None:
                     rel = f"chk-{n}/{uid}-{self.subtask}/keyed-state"
-                    cache = snap.backend.key_group_cache if snap.backend is not None else None
-                    handle, index, groups = await write_keyed_state(
-                        storage, rel, snap.keyed, mp, cache)
-                    if snap.backend is not None:
-                        snap.backend.key_group_cache = groups
+                    layouts = snap.backend.layouts if snap.backend is not None else None
+                    handle, index = await write_keyed_state(storage, rel, snap.keyed, mp,
+                                                            layouts)
                     files.append(handle)
                     part["keyed"] = {
                         "file": handle.to_json(),

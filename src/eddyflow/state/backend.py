@@ -13,9 +13,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eddyflow.keygroups import key_group_for
+
+if TYPE_CHECKING:
+    from eddyflow.state.snapshot import Layouts
 
 __all__ = ["KeyedStateBackend", "MemoryKeyedStateBackend", "MemoryStateBackend", "StateBackend"]
 
@@ -36,9 +39,8 @@ class KeyedStateBackend(ABC):
         # table, so the first in-place change after a freeze must copy.
         self.fresh: dict[str, set[Any]] = {}
         # Each table's keys by key group, kept from one snapshot to the next
-        # so that only new keys are hashed and placed when state is written
-        # (eddyflow.state.snapshot.KeyGroupLayout).
-        self.key_group_cache: dict[str, Any] = {}
+        # so that only new keys are hashed and placed when state is written.
+        self.layouts: Layouts = {}
 
     def declare(self, name: str, kind: str) -> StateTable:
         """The table of state ``name``; one name, one kind of state."""

@@ -85,9 +85,10 @@ async def write_keyed_state(
     frozen: FrozenState,
     max_parallelism: int,
     layouts: Layouts | None = None,
-) -> tuple[FileHandle, dict[str, list[int]], Layouts]:
-    """Write ``frozen`` to ``relpath``; returns the handle, the frame index,
-    and the layouts of its tables (pass them back next time)."""
+) -> tuple[FileHandle, dict[str, list[int]]]:
+    """Write ``frozen`` to ``relpath``; returns the handle and the frame
+    index. ``layouts`` (the backend's, kept from one snapshot to the next)
+    is brought up to date with the tables written."""
     layouts = {} if layouts is None else layouts
     mine: list[KeyGroupLayout] = []
     try:
@@ -122,7 +123,7 @@ async def write_keyed_state(
         for layout in mine:
             layout.busy = False
     handle = await storage.write_file(relpath, chunks)
-    return handle, index, layouts
+    return handle, index
 
 
 def read_key_groups(
