@@ -179,37 +179,3 @@ def test_the_helper_answers_in_order_and_reports_unknown_operations(tmp_path: Pa
                      "sha256": hashlib.sha256(b"hello").hexdigest()}
     assert second["id"] == 8 and not second["ok"] and "frobnicate" in second["error"]
 
-
-def _writer_processes_of(pid: int) -> list[str]:
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if any(a.endswith(b"_writer_main.py") for a in argv) and str(pid).encode() in argv:
-            found.append(entry)
-    return found
-
-
-def test_a_job_run_writes_through_its_helper_and_leaves_none_behind(tmp_path: Path) -> None:
-    import eddyflow as ef
-
-    seen: list[list[str]] = []
-
-    def probe(x: int) -> int:
-        if x % 500 == 0:
-            seen.append(_writer_processes_of(os.getpid()))
-        return x
-
-    env = ef.StreamEnvironment(parallelism=1)
-    env.enable_checkpointing(0.01, tmp_path / "chk")
-    sink = ef.ListSink()
-    env.from_collection(range(3000)).map(probe).key_by(lambda x: x % 7).count().sink_to(sink)
-    result = env.execute("writer")
-    assert len(sink.results) == 3000
-    assert any(seen), "no writer process while the job ran"
-    assert ef.list_checkpoints(tmp_path / "chk"), "its checkpoints were written"
-    assert result.completed_checkpoints
-    assert _writer_processes_of(os.getpid()) == []
