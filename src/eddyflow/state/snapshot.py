@@ -25,17 +25,19 @@ import os
 import pickle
 import struct
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from eddyflow.keygroups import key_group_for
 from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage, FileHandle
 
-__all__ = ["FrozenState", "KeyGroupLayout", "Layouts", "decode_frame", "read_key_groups",
-           "write_keyed_state"]
+__all__ = ["FrameIndex", "FrozenState", "KeyGroupLayout", "Layouts", "decode_frame",
+           "read_key_groups", "write_keyed_state"]
 
 #: state name -> (kind, frozen table)
 FrozenState = dict[str, tuple[str, dict[Any, Any]]]
+#: str(key group) -> (offset, length) of its frame (lists once read back from JSON)
+FrameIndex = dict[str, tuple[int, int]]
 
 _LEN = struct.Struct(">Q")
 _SLICE = 0.005  # seconds of CPU the asynchronous phase takes before it yields
@@ -85,7 +87,7 @@ async def write_keyed_state(
     frozen: FrozenState,
     max_parallelism: int,
     layouts: Layouts | None = None,
-) -> tuple[FileHandle, dict[str, list[int]]]:
+) -> tuple[FileHandle, FrameIndex]:
     """Write ``frozen`` to ``relpath``; returns the handle and the frame
     index. ``layouts`` (the backend's, kept from one snapshot to the next)
     is brought up to date with the tables written."""
@@ -106,19 +108,26 @@ async def write_keyed_state(
             for kg, keys in layout.by_group.items():
                 if keys:
                     columns.setdefault(kg, []).append((name, keys, list(map(get, keys))))
-        index: dict[str, list[int]] = {}
+        index: FrameIndex = {}
         chunks: list[bytes] = []
         offset = 0
         deadline = time.monotonic() + _SLICE
         for kg in sorted(columns):
             body = pickle.dumps((kg, _COLUMNS, columns[kg]), protocol=pickle.HIGHEST_PROTOCOL)
             frame = _LEN.pack(len(body)) + body
-            index[str(kg)] = [offset, len(frame)]
+            # A tuple of ints, unlike a list, is untracked by the collector.
+            index[str(kg)] = (offset, len(frame))
             offset += len(frame)
             chunks.append(frame)
             if time.monotonic() > deadline:
                 await asyncio.sleep(0)
                 deadline = time.monotonic() + _SLICE
+        # The lists above must die before the write is awaited: alive
+        # while records flow, they outlive two collections and enter the
+        # oldest generation, and every few checkpoints' worth of them
+        # triggers a full collection, which traverses the whole heap
+        # (measured: 15 full collections in a run at 0.05 s against 6).
+        del columns
     finally:
         for layout in mine:
             layout.busy = False
@@ -127,7 +136,7 @@ async def write_keyed_state(
 
 
 def read_key_groups(
-    root: str, handle: FileHandle, index: dict[str, list[int]], key_groups: Iterable[int]
+    root: str, handle: FileHandle, index: Mapping[str, Sequence[int]], key_groups: Iterable[int]
 ) -> Iterator[tuple[int, str, Any, Any]]:
     """Yield ``(key_group, state, key, value)`` for the wanted key groups of
     one keyed-state file (the file is verified by the caller's metadata)."""
