@@ -33,7 +33,7 @@ from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage
 
 def batch(start: int, n: int, *, span: bool = True) -> RecordBatch:
     return RecordBatch([(start + i, f"r{start + i}") for i in range(n)],
-                       {"src (subtask 1 of 1)": [start, start + n]} if span else None)
+                       (("src (subtask 1 of 1)", start, start + n),) if span else None)
 
 
 def same(a: Any, b: Any) -> bool:
@@ -140,14 +140,14 @@ def test_events_keep_their_place_among_spilled_batches() -> None:
 def test_span_is_kept_and_none_span_stays_none() -> None:
     async def go() -> None:
         ch = FeedbackChannel("fb", memory_records=1)
-        a = RecordBatch([1, 2], {"s": [0, 2], "t": ["x", "y"]})
+        a = RecordBatch([1, 2], (("s", 0, 2), ("t", "x", "y")))
         b = RecordBatch([3], None)
-        c = RecordBatch([4, 5, 6], {"s": [2, 5]})
+        c = RecordBatch([4, 5, 6], (("s", 2, 5),))
         for x in (a, b, c):
             await ch.put(x)
         assert ch.spilled_batches == 2
         got = [ch._pop() for _ in range(3)]
-        assert [g.span for g in got] == [{"s": [0, 2], "t": ["x", "y"]}, None, {"s": [2, 5]}]
+        assert [g.span for g in got] == [(("s", 0, 2), ("t", "x", "y")), None, (("s", 2, 5),)]
         assert [list(g) for g in got] == [[1, 2], [3], [4, 5, 6]]
         assert all(type(g) is RecordBatch for g in got)
         ch.close()

@@ -13,10 +13,14 @@ from typing import Any
 
 __all__ = ["Barrier", "EndOfInput", "RecordBatch", "Span", "merge_span"]
 
-#: Where a batch's records were read: ``{source label: [first position,
-#: position after the last]}``. Kept per batch, not per record, so that an
-#: error downstream of an exchange can still say which input it came from.
-Span = dict[str, list[Any]]
+#: Where a batch's records were read: ``((source label, first position,
+#: position after the last), ...)``. Kept per batch, not per record, so that
+#: an error downstream of an exchange can still say which input it came from.
+#: Immutable tuples, not a dict of lists: a batch can share its input's span,
+#: and a tuple of plain positions is untracked by the garbage collector, so
+#: batches that wait in channels while collections run add less to the next
+#: full collection.
+Span = tuple[tuple[str, Any, Any], ...]
 
 
 class RecordBatch(list[Any]):
@@ -30,17 +34,21 @@ class RecordBatch(list[Any]):
 def merge_span(into: Span | None, other: Span | None) -> Span | None:
     """Widen ``into`` by ``other``. Batches of one source subtask arrive in
     order, so the earliest first and the latest end are the widest range."""
-    if other is None:
+    if other is None or into is other:
         return into
     if into is None:
-        return {k: list(v) for k, v in other.items()}
-    for label, (first, end) in other.items():
-        cur = into.get(label)
-        if cur is None:
-            into[label] = [first, end]
+        return other
+    if len(into) == 1 and len(other) == 1 and into[0][0] == other[0][0]:
+        return ((into[0][0], into[0][1], other[0][2]),)  # the common case: one source
+    merged = list(into)
+    for label, first, end in other:
+        for i, (known, known_first, _) in enumerate(merged):
+            if known == label:
+                merged[i] = (label, known_first, end)
+                break
         else:
-            cur[1] = end
-    return into
+            merged.append((label, first, end))
+    return tuple(merged)
 
 
 @dataclass(frozen=True, slots=True)

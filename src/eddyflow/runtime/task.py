@@ -227,7 +227,7 @@ class Task:
                 return f"{self.source_label} at {self.reader.describe_position(pos)}"
         if span:
             return "; ".join(
-                f"{label} positions {first!r} to {end!r}" for label, (first, end) in span.items()
+                f"{label} positions {first!r} to {end!r}" for label, first, end in span
             )
         return None
 
@@ -357,7 +357,7 @@ class Task:
                 end = reader.position()
                 if batch:
                     self.records_read += len(batch)
-                    span = {label: [start, end]}
+                    span = ((label, start, end),)
                     self._current_span = span
                     await self._process_input(batch, span)
                 start = end
