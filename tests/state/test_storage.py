@@ -321,13 +321,23 @@ def test_keyed_state_round_trip(storage: CheckpointStorage) -> None:
 
 def test_layouts_follow_keys_added_and_removed_between_snapshots(
         storage: CheckpointStorage) -> None:
-    # The layouts kept between snapshots must track the tables exactly: new
-    # keys, a few removed keys, most keys removed (rebuilt), a whole state
-    # gone, and a write while another one holds the layouts.
+    # The layouts kept between snapshots must track the tables exactly: the
+    # same keys again, one key swapped for another (same size), new keys, a
+    # few removed keys, most keys removed (rebuilt), a whole state gone, and
+    # a write while another one holds the layouts.
     layouts: dict[str, Any] = {}
     base = frozen_state(200)
+
+    def swapped(t: dict[Any, Any]) -> dict[Any, Any]:
+        out = dict(t)
+        out.pop(next(iter(out)))
+        out["swapped-in"] = 1
+        return out
+
     steps = [
         base,
+        base,
+        {name: (kind, swapped(t)) for name, (kind, t) in base.items()},
         {name: (kind, {**t, **{f"new-{i}": i for i in range(50)}}) if name == "count"
          else (kind, t) for name, (kind, t) in base.items()},
         {name: (kind, {k: v for j, (k, v) in enumerate(t.items()) if j % 10})

@@ -61,6 +61,8 @@ class KeyGroupLayout:
     def update(self, table: dict[Any, Any], max_parallelism: int) -> None:
         """Make the layout hold exactly the keys of ``table``."""
         group_of, by_group = self.group_of, self.by_group
+        if len(group_of) == len(table) and table.keys() <= group_of.keys():
+            return  # the usual case, same keys: one pass and no sets (46 against 141 µs)
         gone = group_of.keys() - table.keys()
         if len(gone) > len(group_of) // 8:
             group_of.clear()
