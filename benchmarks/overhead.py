@@ -27,22 +27,25 @@ them (30 ms at 2M records), so the run that triggers more full collections
 loses throughput for a reason no deployment has.
 
 Per configuration it reports throughput (records per second of wall-clock
-time, building and running the job), the ratio against the run without
-checkpoints (ratio of the medians, and the median of the per-round ratios),
-the number of checkpoints taken, checkpoint duration (trigger to completion)
-p50/p95/max and alignment duration p50/p95 (the longest alignment of any
-task), pooled over all repetitions, from ``ef.list_checkpoints`` (retained
-without limit; the final checkpoint at the end of input is left out). The
-checkpoints are written under the system's temporary folder (``--chk-dir``).
+time, building and running the job), the ratio against the runs without
+checkpoints (the median over rounds of the ratio to the no-checkpoint runs
+just before and after the configuration's pair, which the goals use, and
+the ratio of the medians), the number of checkpoints taken, checkpoint
+duration (trigger to completion) p50/p95/max and alignment duration p50/p95
+(the longest alignment of any task), pooled over all repetitions, from
+``ef.list_checkpoints`` (retained without limit; the final checkpoint at the
+end of input is left out). The checkpoints are written under the system's
+temporary folder (``--chk-dir``).
 
-Repetitions are interleaved (a round runs every configuration once, with the
-no-checkpoint run at both ends of the round, the order of the intervals
-rotated from round to round and ABS and synchronous taking turns to go
-first), ``gc.collect()`` runs before each and ``os.sync()`` after each
-(untimed), and medians are reported, to resist noise on a shared machine. Every run's result is
-verified: the final count of every group, the number of committed records,
-and the final keyed state of both count operators must equal those of the
-run without checkpoints and of an independent computation.
+Repetitions are interleaved (a round runs every configuration once: a
+no-checkpoint run, then the ABS and synchronous runs of one interval, then
+a no-checkpoint run, and so on; the order of the intervals rotated from
+round to round and ABS and synchronous taking turns to go first),
+``gc.collect()`` runs before each and ``os.sync()`` after each (untimed),
+and medians are reported, to resist noise on a shared machine. Every run's
+result is verified: the final count of every group, the number of committed
+records, and the final keyed state of both count operators must equal those
+of the run without checkpoints and of an independent computation.
 
 The goals: ABS keeps at least 0.95x the throughput without checkpoints at a
 1 s interval and 0.85x at 0.1 s, and ABS is faster than synchronous
@@ -283,6 +286,9 @@ class Run:
     seconds: float
     cpu_seconds: float  # process CPU time (every thread): less sensitive to other load
     checkpoints: list[ef.CheckpointInfo]  # periodic ones only (not the final one)
+    #: Mean time of the no-checkpoint runs just before and just after this
+    #: run's pair (set once the round is done; 0 for the baseline's own runs).
+    local_base: float = 0.0
 
 
 @dataclass
@@ -397,25 +403,32 @@ def make_configs(intervals: Sequence[float]) -> tuple[Config, list[Config]]:
 
 
 def round_order(baseline: Config, others: list[Config], r: int) -> list[Config]:
-    """No checkpoints at both ends; intervals rotated; the ABS/sync order
-    alternates from pair to pair and from round to round.
+    """A run without checkpoints before and after every ABS/synchronous pair
+    of an interval; the intervals rotated from round to round; the ABS/sync
+    order alternating from pair to pair and from round to round.
 
-    Alternating it per round only (every pair ABS-first, then every pair
-    sync-first) made every ABS run follow a synchronous run and vice versa,
-    and a run carries costs over into the next one (measured: at 5 s, where
-    neither mode takes a checkpoint and the two runs are the same, ABS was
-    slower in all 5 rounds). Alternating per pair as well gives each mode
-    every kind of predecessor."""
+    Each pair is compared with the baseline runs next to it, which met
+    nearly the same machine; baselines only at the ends of a round were up
+    to 40 s away from the pairs in its middle, and this machine's speed
+    drifts by tens of percent on that scale. Alternating the order per
+    round only (every pair ABS-first, then every pair sync-first) made every
+    ABS run follow a synchronous run and vice versa, and a run carries costs
+    over into the next one (measured: at 5 s, where neither mode takes a
+    checkpoint and the two runs are the same, ABS was slower in all 5
+    rounds). Alternating per pair as well gives each mode every kind of
+    predecessor."""
     pairs = [others[k : k + 2] for k in range(0, len(others), 2)]
     shift = r % len(pairs)
     pairs = pairs[shift:] + pairs[:shift]
-    middle = [c for k, p in enumerate(pairs) for c in (p if (r + k) % 2 == 0 else p[::-1])]
-    return [baseline, *middle, baseline]
+    order = [baseline]
+    for k, p in enumerate(pairs):
+        order += [*(p if (r + k) % 2 == 0 else p[::-1]), baseline]
+    return order
 
 
 def benchmark(args: argparse.Namespace, shape: Shape, expected: dict[int, int],
-              verbose: bool) -> tuple[Case, list[Case], list[list[float]], list[str]]:
-    """Returns the baseline case, the others, per-round baseline rates, mismatches."""
+              verbose: bool) -> tuple[Case, list[Case], list[str]]:
+    """Returns the baseline case, the others and the mismatches."""
     baseline_cfg, other_cfgs = make_configs(args.intervals)
     base = Case(baseline_cfg)
     cases = {c.key: Case(c) for c in other_cfgs}
@@ -434,32 +447,36 @@ def benchmark(args: argparse.Namespace, shape: Shape, expected: dict[int, int],
         del got
 
     reference_outcome: Outcome | None = None
-    round_base: list[list[float]] = []
     for r in range(args.repeat):
         progress = []
-        rates: list[float] = []
+        last_base: float | None = None
+        waiting: list[Run] = []  # runs since the last baseline run
         for cfg in round_order(baseline_cfg, other_cfgs, r):
             run, outcome = run_once(cfg, shape, args.chk_dir, args.batch_size, args.sink)
             label = f"{cfg.key}, round {r + 1}"
             if cfg.mode is None:
                 base.runs.append(run)
-                rates.append(shape.records / run.seconds)
                 if reference_outcome is None:
                     reference_outcome = outcome
                     errors += compare(label, outcome, None, expected, shape.records)
                 else:
                     errors += compare(label, outcome, reference_outcome, expected,
                                       shape.records)
+                for w in waiting:
+                    assert last_base is not None
+                    w.local_base = (last_base + run.seconds) / 2
+                waiting = []
+                last_base = run.seconds
             else:
                 cases[cfg.key].runs.append(run)
+                waiting.append(run)
                 errors += compare(label, outcome, reference_outcome, expected, shape.records)
             progress.append(f"{cfg.key} {run.seconds:.2f}s/{len(run.checkpoints)}chk")
             del outcome
-        round_base.append(rates)
         if verbose:
             print(f"  round {r + 1}/{args.repeat}: " + ", ".join(progress),
                   file=sys.stderr, flush=True)
-    return base, list(cases.values()), round_base, errors
+    return base, list(cases.values()), errors
 
 
 # -- reporting ---------------------------------------------------------------------
@@ -471,18 +488,16 @@ class Row:
     rate: float
     ratio: float  # ratio of the medians
     cpu_ratio: float  # CPU time without checkpoints / CPU time with (medians)
-    paired: float  # median of per-round ratios (against the mean of the round's baselines)
+    paired: float  # median of per-run ratios against the adjacent baseline runs
     paired_min: float
     paired_max: float
 
 
-def rows(base: Case, cases: list[Case], round_base: list[list[float]],
-         records: int) -> list[Row]:
+def rows(base: Case, cases: list[Case], records: int) -> list[Row]:
     base_rate = base.rate(records)
     out = []
     for c in cases:
-        per_round = [rate / statistics.fmean(b)
-                     for rate, b in zip(c.rates(records), round_base, strict=True)]
+        per_round = [r.local_base / r.seconds for r in c.runs]
         rate = c.rate(records)
         out.append(Row(c, rate, rate / base_rate, base.cpu() / c.cpu(),
                        statistics.median(per_round),
@@ -545,11 +560,16 @@ def evaluate(table: list[Row], intervals: Sequence[float]) -> list[Goal]:
         row = by.get(f"ABS@{interval:g}")
         if row is None:
             continue
-        detail = f"measured {row.ratio:.3f}x (per-round median {row.paired:.3f}x)"
+        detail = (f"measured {row.paired:.3f}x (median of paired ratios; ratio of medians "
+                  f"{row.ratio:.3f}x)")
         if row.case.starved():
             detail += (f"; but only {statistics.median(row.case.checkpoint_counts()):g} of "
                        f"~{row.case.asked():g} checkpoints completed (*)")
-        goals.append(Goal(f"ABS >= {target:g}x at {interval:g} s", row.ratio >= target, detail))
+        taken = statistics.median(row.case.checkpoint_counts())
+        if not taken:
+            detail += "; but most runs took no checkpoint: lengthen them with --records"
+        goals.append(Goal(f"ABS >= {target:g}x at {interval:g} s", row.paired >= target,
+                          detail, resolved=taken > 0))
     details = []
     verdicts = []
     for i in intervals:
@@ -596,34 +616,36 @@ def render(base: Case, table: list[Row], goals: list[Goal], shape: Shape,
         f"{sink_label(args.sink)}, parallelism {PARALLELISM}",
         f"data:  {shape.records:,} records, {shape.keys:,} keys, {shape.groups:,} groups; "
         f"batch size {args.batch_size}; checkpoints under {chk_dir}",
-        f"runs:  median of {args.repeat} interleaved rounds (no checkpoints at both ends of "
-        f"each round) after {args.warmup} untimed full-size run(s), gc.collect() before each",
+        f"runs:  {args.repeat} interleaved rounds (a no-checkpoint run before and after each "
+        f"ABS/sync pair) after {args.warmup} untimed full-size run(s), gc.collect() before each",
         f"env:   {environment_line()}",
         "",
     ]
-    header = (f"{'mode':<6} {'interval':>8} {'records/s':>11} {'spread':>7} {'vs none':>8} "
-              f"{'per-round':>17} {'cpu':>6} {'chk/asked':>10} {'dur p50':>8} {'p95':>6} "
+    header = (f"{'mode':<6} {'interval':>8} {'records/s':>11} {'spread':>7} "
+              f"{'vs none [min-max]':>19} {'medians':>8} {'cpu':>6} {'chk/asked':>10} "
+              f"{'dur p50':>8} {'p95':>6} "
               f"{'max':>6} {'align p50':>10} {'p95':>5}")
     lines += [header, "-" * len(header)]
     lines.append(f"{'none':<6} {'-':>8} {base_rate:>11,.0f} {base.spread():>7.1%} "
-                 f"{'1.000x':>8} {'':>17} {'1.000x':>6} {'-':>10}")
+                 f"{'1.000x':>19} {'1.000x':>8} {'1.000x':>6} {'-':>10}")
     for r in table:
         c = r.case
         d, a = c.durations(), c.alignments()
         counts = c.checkpoint_counts()
-        per_round = f"{r.paired:.3f} [{r.paired_min:.2f}-{r.paired_max:.2f}]"
+        per_round = f"{r.paired:.3f}x [{r.paired_min:.2f}-{r.paired_max:.2f}]"
         chk = f"{'*' if c.starved() else ''}{statistics.median(counts):g}/{c.asked():g}"
         lines.append(
             f"{c.config.label_mode:<6} {c.config.interval:>7g}s {r.rate:>11,.0f} "
-            f"{c.spread():>7.1%} {r.ratio:>7.3f}x {per_round:>17} {r.cpu_ratio:>5.2f}x "
+            f"{c.spread():>7.1%} {per_round:>19} {r.ratio:>7.3f}x {r.cpu_ratio:>5.2f}x "
             f"{chk:>10} {ms(percentile(d, 50)):>8} "
             f"{ms(percentile(d, 95)):>6} {ms(max(d, default=None)):>6} "
             f"{ms(percentile(a, 50)):>10} {ms(percentile(a, 95)):>5}")
     lines += [
         "",
-        "  vs none: ratio of median throughputs; per-round: median [min-max] of each round's",
-        "  ratio to that round's no-checkpoint runs; cpu: the same ratio by process CPU time (less",
-        "  sensitive to other load on the machine; blind to time spent waiting, e.g. for fsync);",
+        "  vs none: median [min-max] over rounds of the throughput ratio to the no-checkpoint",
+        "  runs just before and after the pair (paired: this machine's speed drifts between",
+        "  runs); medians: ratio of median throughputs; cpu: that ratio by process CPU time",
+        "  (blind to time spent waiting, e.g. for fsync);",
         "  chk/asked: median checkpoints completed per run (the final one excluded) / run time",
         "  over interval; durations in ms (trigger to completion; alignment: longest of any",
         "  task), pooled over all runs",
@@ -664,14 +686,14 @@ def plot(path: Path, table: list[Row], shape: Shape, intervals: Sequence[float])
         mine = sorted((r for r in table if r.case.config.label_mode == mode),
                       key=lambda r: r.case.config.interval or 0.0)
         xs = [r.case.config.interval for r in mine]
-        ys = [r.ratio for r in mine]
-        lo = [r.ratio - r.paired_min for r in mine]
-        hi = [r.paired_max - r.ratio for r in mine]
+        ys = [r.paired for r in mine]
+        lo = [r.paired - r.paired_min for r in mine]
+        hi = [r.paired_max - r.paired for r in mine]
         ax.errorbar(xs, ys, yerr=[[max(v, 0) for v in lo], [max(v, 0) for v in hi]],
                     color=color, marker=marker, capsize=3, linewidth=2, label=label)
         starved = [r for r in mine if r.case.starved()]
         if starved:  # hollow: that point did not checkpoint at its interval
-            ax.scatter([r.case.config.interval for r in starved], [r.ratio for r in starved],
+            ax.scatter([r.case.config.interval for r in starved], [r.paired for r in starved],
                        marker=marker, s=70, facecolors="white", edgecolors=color,
                        linewidths=2, zorder=4)
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="no checkpoints")
@@ -691,13 +713,13 @@ def plot(path: Path, table: list[Row], shape: Shape, intervals: Sequence[float])
     ax.minorticks_off()
     ax.set_xlabel("checkpoint interval (log scale)")
     ax.set_ylabel("throughput / throughput without checkpoints")
-    low = min([r.paired_min for r in table] + [r.ratio for r in table] + gy + [0.8])
-    high = max([r.paired_max for r in table] + [r.ratio for r in table] + [1.05])
+    low = min([r.paired_min for r in table] + gy + [0.8])
+    high = max([r.paired_max for r in table] + [1.05])
     ax.set_ylim(max(0.0, low - 0.08), high + 0.03)
     ax.grid(True, which="major", alpha=0.3)
     ax.set_title(f"eddyflow checkpointing overhead ({shape.records:,} records, "
                  f"2 shuffles, parallelism {PARALLELISM})\n"
-                 "median of interleaved rounds; bars: min-max of per-round ratios",
+                 "median of paired ratios over interleaved rounds; bars: min-max",
                  fontsize=10)
     ax.legend(loc="lower right", fontsize=9)
     fig.tight_layout()
@@ -804,8 +826,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         n = 2 + 2 * len(args.intervals)
         print(f"{args.repeat} rounds of {n} runs, {shape.records:,} records each ...",
               file=sys.stderr, flush=True)
-    base, cases, round_base, errors = benchmark(args, shape, expected, verbose)
-    table = rows(base, cases, round_base, shape.records)
+    base, cases, errors = benchmark(args, shape, expected, verbose)
+    table = rows(base, cases, shape.records)
     goals = evaluate(table, args.intervals)
     print(render(base, table, goals, shape, args, errors))
     if not args.no_plot:
