@@ -823,7 +823,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     gc.collect()
     gc.freeze()
     if verbose:
-        n = 2 + 2 * len(args.intervals)
+        n = 1 + 3 * len(args.intervals)  # a baseline after each pair, and one first
         print(f"{args.repeat} rounds of {n} runs, {shape.records:,} records each ...",
               file=sys.stderr, flush=True)
     base, cases, errors = benchmark(args, shape, expected, verbose)
