@@ -462,9 +462,9 @@ def benchmark(args: argparse.Namespace, shape: Shape, expected: dict[int, int],
                 else:
                     errors += compare(label, outcome, reference_outcome, expected,
                                       shape.records)
-                for w in waiting:
+                for paired_run in waiting:
                     assert last_base is not None
-                    w.local_base = (last_base + run.seconds) / 2
+                    paired_run.local_base = (last_base + run.seconds) / 2
                 waiting = []
                 last_base = run.seconds
             else:
@@ -534,7 +534,7 @@ def sign_test(wins: int, n: int) -> float:
     (this benchmark's shared machines do that) weighs as much as any other,
     where a mean of ratios would follow it. With 5 rounds, ABS is shown faster
     only if it wins all 5 (p = 1/32)."""
-    return sum(math.comb(n, j) for j in range(wins, n + 1)) / 2**n
+    return sum(math.comb(n, j) for j in range(wins, n + 1)) / (1 << n)
 
 
 def compare_modes(a: Case, s: Case) -> tuple[str, str]:
@@ -685,7 +685,7 @@ def plot(path: Path, table: list[Row], shape: Shape, intervals: Sequence[float])
     for mode, (color, marker, label) in styles.items():
         mine = sorted((r for r in table if r.case.config.label_mode == mode),
                       key=lambda r: r.case.config.interval or 0.0)
-        xs = [r.case.config.interval for r in mine]
+        xs = [r.case.config.interval or 0.0 for r in mine]
         ys = [r.paired for r in mine]
         lo = [r.paired - r.paired_min for r in mine]
         hi = [r.paired_max - r.paired for r in mine]
@@ -693,7 +693,8 @@ def plot(path: Path, table: list[Row], shape: Shape, intervals: Sequence[float])
                     color=color, marker=marker, capsize=3, linewidth=2, label=label)
         starved = [r for r in mine if r.case.starved()]
         if starved:  # hollow: that point did not checkpoint at its interval
-            ax.scatter([r.case.config.interval for r in starved], [r.paired for r in starved],
+            ax.scatter([r.case.config.interval or 0.0 for r in starved],
+                       [r.paired for r in starved],
                        marker=marker, s=70, facecolors="white", edgecolors=color,
                        linewidths=2, zorder=4)
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="no checkpoints")
