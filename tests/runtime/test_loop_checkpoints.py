@@ -67,6 +67,7 @@ import eddyflow as ef
 from eddyflow.backedge import FeedbackChannel
 from eddyflow.runtime import faults
 from eddyflow.runtime import task as task_module
+from eddyflow.runtime.job import JobRunner
 from eddyflow.runtime.restore import RestoredCheckpoint
 
 Record = tuple[int, int, int, int]  # key, value, rounds left, inner rounds left
@@ -173,6 +174,8 @@ class Spy:
     def __init__(self) -> None:
         self.tasks: list[Any] = []
         self.reinjected: list[tuple[int, str, int, int]] = []  # (chk, head, subtask, n)
+        self.reinjected_batches: list[int] = []  # sizes of the batches re-injected
+        self.reinjecting = False
         self.lock = threading.Lock()
 
     def logging_heads(self) -> int:
@@ -195,8 +198,25 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> Spy:
         s.reinjected.append((self.checkpoint_id, head_uid, subtask, len(out)))
         return out
 
+    orig_reinject = JobRunner._reinject_backedge_logs
+    orig_put = FeedbackChannel.put
+
+    async def reinject(self: JobRunner) -> None:
+        s.reinjecting = True  # nothing else runs yet: the tasks start after
+        try:
+            await orig_reinject(self)
+        finally:
+            s.reinjecting = False
+
+    async def put(self: FeedbackChannel, item: Any) -> None:
+        if s.reinjecting and isinstance(item, list):
+            s.reinjected_batches.append(len(item))
+        await orig_put(self, item)
+
     monkeypatch.setattr(task_module.Task, "__init__", init)
     monkeypatch.setattr(RestoredCheckpoint, "backedge_records", backedge_records)
+    monkeypatch.setattr(JobRunner, "_reinject_backedge_logs", reinject)
+    monkeypatch.setattr(FeedbackChannel, "put", put)
     return s
 
 
@@ -519,6 +539,7 @@ def check_case(case: Case, workdir: Path, stats: Stats, spy: Spy) -> None:
     sink: ef.Sink = ef.FileSink(workdir / "out") if case.file_sink else ef.ListSink()
     spy.tasks.clear()
     spy.reinjected.clear()
+    spy.reinjected_batches.clear()
     built = build(env, case, sink, failing=failing, logging_failure=logging_failure,
                   pace=Pace(max(1, case.batch_size // 2)), loop_pace=Pace(40, 0.0003))
     assert built.keyed_uids == ref_built.keyed_uids
@@ -710,6 +731,9 @@ def check_restored_log(chk: Path, spy: Spy, failed_after: int | None) -> int:
     logged = backedge_records_of(meta, "head")
     assert logged > 0, f"checkpoint {cid} holds no back-edge records"
     assert sum(n for c, h, _, n in spy.reinjected if h == "head") == logged
+    # Re-injected in batches of at most batch_size (8 in these jobs), not as one.
+    assert sum(spy.reinjected_batches) == sum(n for _, _, _, n in spy.reinjected)
+    assert spy.reinjected_batches and max(spy.reinjected_batches) <= 8, spy.reinjected_batches
     for s, part in meta["operators"]["head"]["subtasks"].items():
         if "backedge" in part:
             assert (chk / part["backedge"]["file"]["path"]).is_file(), s
@@ -799,6 +823,7 @@ def test_restore_across_processes_from_checkpoint_with_in_flight_records(
 
     # A fresh environment, as a new process would build it, restores the latest.
     spy.reinjected.clear()
+    spy.reinjected_batches.clear()
     env = ef.StreamEnvironment(parallelism=2, batch_size=8)
     env.enable_checkpointing(0.01, chk, retained=1000)
     in_flight_job(env, ef.FileSink(out), identity)
@@ -828,6 +853,8 @@ def test_restore_loop_checkpoint_at_another_parallelism(new_parallelism: int, tm
     assert failing.failures == 1
 
     spy.reinjected.clear()
+
+    spy.reinjected_batches.clear()
     env = ef.StreamEnvironment(parallelism=new_parallelism, batch_size=8)
     env.enable_checkpointing(0.01, chk, retained=1000)
     in_flight_job(env, ef.FileSink(out), identity)

@@ -214,9 +214,16 @@ class JobRunner:
             records = restored.backedge_records(head_uid, t.subtask, t.parallelism)
             if not records:
                 continue
-            channel = next(i for i, r in enumerate(t.regular) if not r)
+            channel = t.gate.channels[next(i for i, r in enumerate(t.regular) if not r)]
             t.head_of.in_flight += len(records)
-            await t.gate.channels[channel].put(RecordBatch(records))
+            # In batches, as the records were sent: a log holds everything in
+            # flight round the loop (tens of thousands of records), and one
+            # batch of it would be one long turn of the head and one huge
+            # output batch downstream. The feedback channel is unbounded, so
+            # this never waits for the head.
+            size = t.batch_size
+            for start in range(0, len(records), size):
+                await channel.put(RecordBatch(records[start:start + size]))
 
     async def run(self) -> JobResult:
         started = time.monotonic()
