@@ -1,5 +1,7 @@
 """Durability helpers shared by everything that writes files for recovery
-(checkpoint storage, the exactly-once FileSink)."""
+(checkpoint storage, the exactly-once FileSink, the checkpoint writer
+process). Standard library only: the writer process loads this file by its
+path, without the package (see :mod:`eddyflow.state._writer_main`)."""
 
 from __future__ import annotations
 

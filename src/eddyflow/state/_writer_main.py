@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
 import struct
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from types import ModuleType
 from typing import IO, Any
 
 #: The length of a request's JSON header, before it.
@@ -41,13 +43,24 @@ def encode_request(header: dict[str, Any], payload: bytes = b"") -> bytes:
     return HEADER.pack(len(raw)) + raw + payload
 
 
-def fsync_dir(path: str) -> None:
-    # eddyflow.durable.fsync_dir, again: this file runs without the package.
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _durable() -> ModuleType:
+    """:mod:`eddyflow.durable`: imported along with this module inside the
+    package; loaded from its file when this one runs as the helper script,
+    without the package on the path (it uses the standard library only)."""
+    if __package__:
+        from eddyflow import durable
+
+        return durable
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("_eddyflow_durable",
+                                                  os.path.join(here, "durable.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+fsync_dir: Callable[[str], None] = _durable().fsync_dir
 
 
 def write_durably(path: str, chunks: Iterable[bytes], sync_before: Iterable[str] = (),
