@@ -263,14 +263,15 @@ class _SlowMetadata:
         # The writes must happen in this process to be slowed down here.
         monkeypatch.setattr(writer_module, "ENABLED", False)
 
-    def __call__(self, path: str, chunks: list[bytes], *sync_dirs: str) -> tuple[int, str]:
+    def __call__(self, path: str, chunks: list[bytes], *sync_dirs: str,
+                 **kwargs: Any) -> tuple[int, str]:
         if os.path.basename(path) != "_metadata":
-            return self.original(path, chunks, *sync_dirs)
+            return self.original(path, chunks, *sync_dirs, **kwargs)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self.started.set()
         time.sleep(self.delay)
         try:
-            return self.original(path, chunks, *sync_dirs)
+            return self.original(path, chunks, *sync_dirs, **kwargs)
         finally:
             self.landed.set()
 

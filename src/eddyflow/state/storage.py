@@ -19,14 +19,12 @@ warning naming the file).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import os
 import re
-import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
@@ -34,8 +32,7 @@ import aiofiles.os
 import anyio
 import anyio.lowlevel
 
-from eddyflow.durable import fsync_dir
-from eddyflow.state._writer_main import write_durably
+from eddyflow.state._writer_main import remove, write_durably
 from eddyflow.state.writer import WriterProcess
 
 __all__ = [
@@ -82,13 +79,15 @@ class FileHandle:
 INLINE_WRITE_LIMIT = 4 << 20
 
 
-def _write_durably(path: str, chunks: list[bytes], *sync_dirs: str) -> tuple[int, str]:
-    """Write to a temporary name, fsync, rename over ``path``, then fsync
-    ``sync_dirs``: a crash leaves the old file or the new one. (State files
-    leave their folders' fsync to ``write_metadata``, which does it once per
-    checkpoint before the metadata makes the checkpoint exist.) The same
-    sequence as the writer process's, by the same code."""
-    done = write_durably(path, chunks, sync_after=sync_dirs)
+def _write_durably(path: str, chunks: list[bytes], *sync_dirs: str,
+                   sync_before: Sequence[str] = ()) -> tuple[int, str]:
+    """Fsync the existing folders ``sync_before``, write to a temporary name,
+    fsync, rename over ``path``, then fsync ``sync_dirs``: a crash leaves the
+    old file or the new one. (State files leave their folders' fsync to
+    ``write_metadata``, which does it once per checkpoint before the metadata
+    makes the checkpoint exist.) The same sequence as the writer process's,
+    by the same code."""
+    done = write_durably(path, chunks, sync_before=sync_before, sync_after=sync_dirs)
     return int(done["size"]), str(done["sha256"])
 
 
@@ -176,31 +175,20 @@ class CheckpointStorage:
         the checkpoint exists."""
         meta = dict(meta, format_version=FORMAT_VERSION, checkpoint_id=checkpoint_id)
         meta["checksum"] = _checksum_of(meta)
-        writer = self._running_writer()
-        if writer is not None:
-            data = _encode_metadata(meta)
-            path = os.path.join(self.checkpoint_dir(checkpoint_id), METADATA)
-            await writer.write(path, data, sync_before=self._file_dirs(meta),
-                               sync_after=[os.path.dirname(path), self.root])
-            return path
-        path = self._write_metadata_now(checkpoint_id, meta)
-        await anyio.lowlevel.checkpoint()
-        return path
-
-    def _file_dirs(self, meta: dict[str, Any]) -> list[str]:
-        """The folders of a checkpoint's files. Their renames must be durable
-        before the metadata that names them: each is fsynced once, first."""
-        return sorted({os.path.dirname(os.path.join(self.root, str(f["path"])))
-                       for f in meta.get("files", [])})
-
-    def _write_metadata_now(self, checkpoint_id: int, meta: dict[str, Any]) -> str:
         data = _encode_metadata(meta)
         folder = self.checkpoint_dir(checkpoint_id)
         path = os.path.join(folder, METADATA)
-        for d in self._file_dirs(meta):
-            if os.path.isdir(d):
-                fsync_dir(d)
-        _write_durably(path, [data], folder, self.root)
+        # The renames of the checkpoint's files must be durable before the
+        # metadata that names them: each of their folders is fsynced, first.
+        files_dirs = sorted({os.path.dirname(os.path.join(self.root, str(f["path"])))
+                             for f in meta.get("files", [])})
+        writer = self._running_writer()
+        if writer is not None:
+            await writer.write(path, data, sync_before=files_dirs,
+                               sync_after=[folder, self.root])
+        else:
+            _write_durably(path, [data], folder, self.root, sync_before=files_dirs)
+            await anyio.lowlevel.checkpoint()
         return path
 
     def discard(self, checkpoint_id: int) -> None:
@@ -209,9 +197,7 @@ class CheckpointStorage:
         The metadata goes first, so a crash half-way through leaves an
         incomplete folder, never a complete-looking one with files missing."""
         folder = self.checkpoint_dir(checkpoint_id)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(folder, METADATA))
-        shutil.rmtree(folder, ignore_errors=True)
+        remove(folder, os.path.join(folder, METADATA))  # as the writer process does it
 
     async def discard_async(self, checkpoint_id: int) -> None:
         """:meth:`discard`, by the writer process when there is one."""
