@@ -34,7 +34,6 @@ from eddyflow.runtime.writers import (
 )
 from eddyflow.state import writer as writer_process
 from eddyflow.state.backend import StateBackend
-from eddyflow.state.writer import WriterProcess
 
 __all__ = ["JobRunner", "RuntimeConfig"]
 
@@ -264,13 +263,13 @@ class JobRunner:
                 await writer.aclose()
         return self.result(time.monotonic() - started)
 
-    async def _start_writer(self) -> WriterProcess | None:
+    async def _start_writer(self) -> writer_process.WriterProcess | None:
         """The helper process of this run's checkpoint writes, if any (see
         :mod:`eddyflow.state.writer`); without one they are done in-process."""
         storage = self.coordinator.storage
         if storage is None or not writer_process.ENABLED:
             return None
-        writer = WriterProcess()
+        writer = writer_process.WriterProcess()
         try:
             await writer.start()
         except OSError as exc:
