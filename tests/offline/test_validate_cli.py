@@ -20,6 +20,9 @@ JOB = str(EXAMPLES / "running_sum.py")
 def test_exit_codes_and_mismatch_table(spark: Any, in_tmp: Path,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RUNNING_SUM_EVENTS", "20000")
+    # Narrower than the message: it must stay on one line whatever the
+    # terminal's width or the length of the temporary path in it.
+    monkeypatch.setenv("COLUMNS", "100")
     run_with_failures(EXAMPLES / "running_sum.py", in_tmp / "chk", interval=1.0)
     runner = CliRunner()
 

@@ -128,7 +128,7 @@ def checkpoints(directory: str, as_json: bool, show: int | None) -> None:
     if as_json:
         click.echo(json.dumps([_as_json(i) for i in infos], indent=2))
         return
-    console = Console()
+    console = Console(soft_wrap=True)  # a message is one line, whatever the width
     if not infos:
         console.print(f"no completed checkpoints in {directory}")
         return

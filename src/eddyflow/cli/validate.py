@@ -39,7 +39,10 @@ def validate_command(directory: str, job: str, checkpoint_id: int | None, master
     from eddyflow.offline import open_checkpoint, spark_session, validate
     from eddyflow.offline.replay import ReplayError
 
-    console = Console(stderr=True)
+    # Messages are one line each whatever the terminal's width (or the
+    # length of the checkpoint's path in them): rich would wrap them at 80
+    # columns when the output is not a terminal. Tables still fit the width.
+    console = Console(stderr=True, soft_wrap=True)
     if not os.path.isdir(directory):
         raise click.UsageError(f"{directory!r} is not a directory")
     if not os.path.isfile(job):
