@@ -303,6 +303,35 @@ async def test_collection_split_over_parallelism() -> None:
         assert max(sizes) - min(sizes) <= 1
 
 
+@pytest.mark.parametrize("n", [3, 5000, 9001])
+async def test_collection_replays_records_as_declared_after_in_place_changes(n: int) -> None:
+    """A job changes the dicts it reads in place; a replay (a new reader, or
+    a seek back) must read them as they were when the source was declared."""
+    items = [{"i": i, "tags": [i]} for i in range(n)]
+    source = CollectionSource(items)
+    items[0]["i"] = -1  # the caller's own objects change too, after declaring
+    reader = source.create_reader(0, 1)
+    first = await reader.read_batch(1000)
+    assert first is not None
+    for r in first:
+        r["i"] += 100
+        r["tags"].append("seen")
+    reader.seek(0)
+    again = await _drain(reader, batch=700)
+    assert again == [{"i": i, "tags": [i]} for i in range(n)]
+    assert await _drain(source.create_reader(0, 1), batch=333) == again
+
+
+async def test_collection_of_unpicklable_items_is_copied() -> None:
+    items = [{"f": (lambda: 1), "n": 1}]
+    source = CollectionSource(items)
+    batch = await source.create_reader(0, 1).read_batch(10)
+    assert batch is not None
+    batch[0]["n"] = 2
+    again = await source.create_reader(0, 1).read_batch(10)
+    assert again is not None and again[0]["n"] == 1
+
+
 async def test_collection_from_generator_and_positions() -> None:
     source = CollectionSource(x * x for x in range(6))
     reader = source.create_reader(1, 2)  # items 3..5

@@ -3,10 +3,20 @@
 The position is the index of the next record in the whole collection. With
 parallelism > 1 each subtask reads one contiguous slice, so per-subtask order
 is the collection's order.
+
+A replay after a failure must read the records as they were, even though the
+job (a ``map`` that changes a dict in place, say) changed the objects it was
+given: unless every item is an immutable value (numbers, strings, tuples of
+them), the collection is pickled in chunks when the source is declared, and
+each read unpickles fresh objects (as Flink's ``fromCollection`` serialises
+its elements). Items that cannot be pickled are deep-copied instead.
 """
 
 from __future__ import annotations
 
+import copy
+import logging
+import pickle
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -14,37 +24,97 @@ from eddyflow.connectors.source import Source, SourceReader
 
 __all__ = ["CollectionSource"]
 
+log = logging.getLogger("eddyflow")
+
+_IMMUTABLE = frozenset({int, float, str, bytes, bool, complex, type(None)})
+#: Records per pickled chunk: a reader that seeks unpickles from one chunk on.
+_CHUNK = 4096
+
+
+def _immutable(items: Sequence[Any]) -> bool:
+    types = set(map(type, items))
+    if types <= _IMMUTABLE:
+        return True
+    if not types <= _IMMUTABLE | {tuple, frozenset}:
+        return False
+    stack = [x for x in items if type(x) in (tuple, frozenset)]
+    while stack:
+        x = stack.pop()
+        for y in x:
+            t = type(y)
+            if t in (tuple, frozenset):
+                stack.append(y)
+            elif t not in _IMMUTABLE:
+                return False
+    return True
+
 
 class CollectionSource(Source):
     def __init__(self, items: Iterable[Any]) -> None:
-        seq = isinstance(items, list | tuple | range)
-        self.items: Sequence[Any] = items if seq else list(items)  # type: ignore[assignment]
+        if isinstance(items, range):
+            self._shared: Sequence[Any] | None = items
+            self._chunks: list[bytes] | None = None
+            self._n = len(items)
+            self._copies: list[Any] | None = None
+            return
+        seq: Sequence[Any] = items if isinstance(items, list | tuple) else list(items)
+        self._n = len(seq)
+        self._shared = self._chunks = self._copies = None
+        if _immutable(seq):
+            self._shared = seq
+            return
+        try:
+            self._chunks = [pickle.dumps(list(seq[i:i + _CHUNK]), pickle.HIGHEST_PROTOCOL)
+                            for i in range(0, self._n, _CHUNK)]
+        except Exception as exc:
+            log.debug("from_collection: items not picklable (%s), deep-copying them", exc)
+            self._copies = copy.deepcopy(list(seq))
 
     @property
     def name(self) -> str:
         return "collection"
 
     def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
-        n = len(self.items)
+        n = self._n
         return _CollectionReader(
-            self.items, n * subtask // parallelism, n * (subtask + 1) // parallelism
+            self, n * subtask // parallelism, n * (subtask + 1) // parallelism
         )
+
+    def read(self, start: int, stop: int, cache: dict[int, list[Any]]) -> list[Any]:
+        """Records ``start`` to ``stop``, as they were when the source was
+        declared. ``cache``: the reader's unpickled chunks (each record is
+        handed out once: a reader reads forward)."""
+        if self._shared is not None:
+            return list(self._shared[start:stop])
+        if self._chunks is not None:
+            out: list[Any] = []
+            for c in range(start // _CHUNK, (stop - 1) // _CHUNK + 1):
+                chunk = cache.get(c)
+                if chunk is None:
+                    cache.clear()
+                    chunk = cache[c] = pickle.loads(self._chunks[c])
+                base = c * _CHUNK
+                out.extend(chunk[max(start - base, 0):stop - base])
+            return out
+        assert self._copies is not None
+        return copy.deepcopy(self._copies[start:stop])
 
 
 class _CollectionReader(SourceReader):
-    def __init__(self, items: Sequence[Any], start: int, end: int) -> None:
-        self._items = items
+    def __init__(self, source: CollectionSource, start: int, end: int) -> None:
+        self._source = source
         self._start = start
         self._end = end
         self._pos = start
         self._batch_start = start
+        self._cache: dict[int, list[Any]] = {}
 
     async def read_batch(self, max_records: int) -> list[Any] | None:
         if self._pos >= self._end:
             return None
         self._batch_start = self._pos
         stop = min(self._pos + max_records, self._end)
-        batch = list(self._items[self._pos : stop])
+        batch = self._source.read(self._pos, stop, self._cache)
         self._pos = stop
         return batch
 
@@ -58,6 +128,7 @@ class _CollectionReader(SourceReader):
                 f"[{self._start}, {self._end}]"
             )
         self._pos = position
+        self._cache.clear()  # records already handed out are not handed out again
 
     def position_of(self, index: int) -> int:
         return self._batch_start + index
