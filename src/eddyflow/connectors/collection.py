@@ -9,12 +9,14 @@ job (a ``map`` that changes a dict in place, say) changed the objects it was
 given: unless every item is an immutable value (numbers, strings, tuples of
 them), the collection is pickled in chunks when the source is declared, and
 each read unpickles fresh objects (as Flink's ``fromCollection`` serialises
-its elements). Items that cannot be pickled are deep-copied instead.
+its elements). Items that cannot be pickled are deep-copied instead, and
+items that cannot be copied either (modules, say) are shared, with a warning.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 import pickle
 from collections.abc import Iterable, Sequence
@@ -27,26 +29,24 @@ __all__ = ["CollectionSource"]
 log = logging.getLogger("eddyflow")
 
 _IMMUTABLE = frozenset({int, float, str, bytes, bool, complex, type(None)})
+_CONTAINERS = frozenset({tuple, frozenset})
 #: Records per pickled chunk: a reader that seeks unpickles from one chunk on.
 _CHUNK = 4096
 
 
 def _immutable(items: Sequence[Any]) -> bool:
-    types = set(map(type, items))
-    if types <= _IMMUTABLE:
-        return True
-    if not types <= _IMMUTABLE | {tuple, frozenset}:
-        return False
-    stack = [x for x in items if type(x) in (tuple, frozenset)]
-    while stack:
-        x = stack.pop()
-        for y in x:
-            t = type(y)
-            if t in (tuple, frozenset):
-                stack.append(y)
-            elif t not in _IMMUTABLE:
-                return False
-    return True
+    """Whether every item is an immutable value (checked level by level of
+    nested tuples, at C speed where a level holds only tuples)."""
+    level: Iterable[Any] = items
+    while True:
+        types = set(map(type, level))
+        if types <= _IMMUTABLE:
+            return True
+        if not types <= _IMMUTABLE | _CONTAINERS:
+            return False
+        containers = (level if types <= _CONTAINERS
+                      else [x for x in level if type(x) in _CONTAINERS])
+        level = list(itertools.chain.from_iterable(containers))
 
 
 class CollectionSource(Source):
@@ -68,7 +68,12 @@ class CollectionSource(Source):
                             for i in range(0, self._n, _CHUNK)]
         except Exception as exc:
             log.debug("from_collection: items not picklable (%s), deep-copying them", exc)
-            self._copies = copy.deepcopy(list(seq))
+            try:
+                self._copies = copy.deepcopy(list(seq))
+            except Exception as exc2:
+                log.warning("from_collection: the records can be neither pickled nor copied "
+                            "(%s); a replay after a failure reads them as they are then", exc2)
+                self._shared = seq
 
     @property
     def name(self) -> str:
