@@ -23,7 +23,8 @@ from eddyflow.runtime.coordinator import MODES, CheckpointConfig
 from eddyflow.runtime.job import JobRunner, RuntimeConfig
 from eddyflow.runtime.operators import SourceSpec
 from eddyflow.runtime.restore import RestoredCheckpoint
-from eddyflow.state.backend import MemoryStateBackend, StateBackend
+from eddyflow.state.abc import StateBackend
+from eddyflow.state.memory import MemoryStateBackend
 from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage
 
 __all__ = ["StreamEnvironment"]

@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from eddyflow.state.backend import KeyedStateBackend
+from eddyflow.state.abc import KeyedStateBackend
 from eddyflow.state.handles import ListState, MapState, ReducingState, ValueState
 
 __all__ = ["KeyedProcessFunction", "RuntimeContext"]

@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eddyflow.backedge import FeedbackChannel, read_backedge_log, write_backedge_log
+from eddyflow.backedge.log import BackEdgeRecords
 from eddyflow.runtime.channel import InputGate
 from eddyflow.runtime.events import END_OF_INPUT, Barrier, EndOfInput, RecordBatch
 from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage
@@ -335,7 +336,8 @@ def test_backedge_log_round_trip(tmp_path: Path) -> None:
         2: [],
         5: list(range(1000)),
     }
-    handle = asyncio.run(write_backedge_log(storage, "chk-4/head-1/backedge-log", channels))
+    handle = asyncio.run(write_backedge_log(storage, "chk-4/head-1/backedge-log",
+                                            BackEdgeRecords.of(channels)))
     assert handle.path == "chk-4/head-1/backedge-log"
     assert handle.size == os.path.getsize(tmp_path / "chk" / "chk-4" / "head-1" / "backedge-log")
     storage.verify_file(handle)  # the checksum matches the content
@@ -345,15 +347,38 @@ def test_backedge_log_round_trip(tmp_path: Path) -> None:
     assert back[0][0] == (1, 2, 3)  # tuples stay tuples (pickle, not JSON)
 
 
+def test_backedge_log_holds_records_as_they_were_when_logged(tmp_path: Path) -> None:
+    """The loop body changes records in place after the head logged them:
+    the log (channel state of the checkpoint) must not see those changes."""
+    from eddyflow.runtime.task import _BackEdgeLog
+
+    async def never(_: BackEdgeRecords) -> None:
+        raise AssertionError("not written here")
+
+    log = _BackEdgeLog(3, {0}, {0: []}, never)
+    batch = [{"id": 1, "steps": 3}, {"id": 2, "steps": 1}]
+    log.log(0, batch)
+    for r in batch:
+        r["steps"] -= 1  # what the loop body does next
+    storage = CheckpointStorage(tmp_path)
+    handle = asyncio.run(write_backedge_log(
+        storage, "chk-3/h-0/backedge-log", BackEdgeRecords(log.records, log.count)))
+    assert read_backedge_log(storage.root, handle) == {
+        0: [{"id": 1, "steps": 3}, {"id": 2, "steps": 1}]}
+    assert log.count == 2
+
+
 def test_backedge_log_empty(tmp_path: Path) -> None:
     storage = CheckpointStorage(tmp_path)
-    handle = asyncio.run(write_backedge_log(storage, "chk-1/h-0/backedge-log", {}))
+    handle = asyncio.run(write_backedge_log(storage, "chk-1/h-0/backedge-log",
+                                            BackEdgeRecords.of({})))
     assert read_backedge_log(storage.root, handle) == {}
 
 
 def test_backedge_log_corrupted_is_reported(tmp_path: Path) -> None:
     storage = CheckpointStorage(tmp_path)
-    handle = asyncio.run(write_backedge_log(storage, "chk-1/h-0/backedge-log", {0: [1, 2]}))
+    handle = asyncio.run(write_backedge_log(storage, "chk-1/h-0/backedge-log",
+                                            BackEdgeRecords.of({0: [1, 2]})))
     path = tmp_path / "chk-1" / "h-0" / "backedge-log"
     path.write_bytes(path.read_bytes()[:5])
     with pytest.raises(CheckpointCorrupted, match="back-edge log"):

@@ -7,15 +7,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pickle
-import struct
 from collections.abc import Callable
 from typing import Any
 
 from eddyflow.offline.checkpoint import keyed_files, open_checkpoint, read_keyed_file
+from eddyflow.state.format import encode_frames
 from eddyflow.state.storage import METADATA, _checksum_of
-
-_LEN = struct.Struct(">Q")
 
 Entry = tuple[int, str, Any, Any]  # key group, state, key, value
 
@@ -23,27 +20,30 @@ Entry = tuple[int, str, Any, Any]  # key group, state, key, value
 def rewrite_state(chk: str, operator: str,
                   change: Callable[[list[Entry]], list[Entry]]) -> None:
     """Replace ``operator``'s keyed state in checkpoint folder ``chk`` by
-    ``change(entries)``, subtask file by subtask file, keeping it valid."""
+    ``change(entries)``, subtask by subtask (each subtask's chain becomes
+    one full file), keeping the checkpoint valid."""
     ref = open_checkpoint(chk)
     meta = ref.meta
     for kf in keyed_files(ref, operator):
         entries = change(list(read_keyed_file(kf)))
-        groups: dict[int, list[tuple[str, Any, Any]]] = {}
+        groups: dict[int, list[tuple[str, list[Any], list[Any], list[Any]]]] = {}
         for kg, name, key, value in entries:
-            groups.setdefault(kg, []).append((name, key, value))
-        data = b""
-        index: dict[str, list[int]] = {}
-        for kg in sorted(groups):
-            body = pickle.dumps((kg, groups[kg]), protocol=pickle.HIGHEST_PROTOCOL)
-            index[str(kg)] = [len(data), _LEN.size + len(body)]
-            data += _LEN.pack(len(body)) + body
-        with open(os.path.join(ref.root, kf.handle.path), "wb") as f:
+            cols = groups.setdefault(kg, [])
+            if not cols or cols[-1][0] != name:
+                cols.append((name, [], [], []))
+            cols[-1][1].append(key)
+            cols[-1][2].append(value)
+        chunks, index = encode_frames(groups)
+        data = b"".join(chunks)
+        rel = f"chk-{ref.id}/{operator}-{kf.subtask}-tampered"
+        with open(os.path.join(ref.root, rel), "wb") as f:
             f.write(data)
-        handle = {"path": kf.handle.path, "size": len(data),
-                  "sha256": hashlib.sha256(data).hexdigest()}
+        handle = {"path": rel, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
         part = meta["operators"][operator]["subtasks"][str(kf.subtask)]["keyed"]
-        part.update(file=handle, index=index, entries=len(entries))
-        meta["files"] = [handle if f["path"] == kf.handle.path else f for f in meta["files"]]
+        part.update(files=[{**handle, "index": {k: list(v) for k, v in index.items()},
+                            "full": True}], entries=len(entries))
+        old = {f.handle.path for f in kf.files}
+        meta["files"] = [f for f in meta["files"] if f["path"] not in old] + [handle]
     meta["checksum"] = _checksum_of(meta)
     with open(os.path.join(ref.path, METADATA), "w") as f:
         json.dump(meta, f)

@@ -65,7 +65,7 @@ def test_a_damaged_state_file_is_refused_naming_it(
     monkeypatch.setenv("RUNNING_SUM_EVENTS", "20000")
     run_with_failures(EXAMPLES / "running_sum.py", in_tmp / "chk", interval=1.0)
     final = ef.list_checkpoints(in_tmp / "chk")[-1]
-    part = final.operators["running-sum"]["subtasks"]["0"]["keyed"]["file"]["path"]
+    part = final.operators["running-sum"]["subtasks"]["0"]["keyed"]["files"][-1]["path"]
     path = in_tmp / "chk" / part
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF

@@ -23,6 +23,7 @@ has two input channels to align), and a keyed count at parallelism 2.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import math
@@ -370,8 +371,11 @@ def test_damaged_latest_checkpoint_is_skipped_with_a_warning(
         meta["operators"]["src"]["subtasks"]["0"]["source"] = 0  # still valid JSON
         bad.write_text(json.dumps(meta))
     else:
-        files = state_files(directory, newest)
-        assert files, "the newest checkpoint has no non-empty state file"
+        # A file only the newest checkpoint references (incremental
+        # snapshots share the others with the previous one).
+        files = [f for f in state_files(directory, newest)
+                 if f not in state_files(directory, previous)]
+        assert files, "the newest checkpoint wrote no non-empty state file"
         bad = files[0]
         (_flip_byte if damage == "flipped-state-byte" else _truncate)(bad)
     position = source_position(directory, previous)
@@ -826,9 +830,15 @@ def test_list_checkpoints_reports_statistics(tmp_path: Path) -> None:
         assert c.checkpointed_size > 0  # keyed counts of 20 keys
         assert c.full_size >= c.checkpointed_size
         files = c.metadata["files"]
-        assert c.checkpointed_size == sum(int(f["size"]) for f in files)
+        assert c.full_size == sum(int(f["size"]) for f in files)
         on_disk = sum((directory / f["path"]).stat().st_size for f in files)
-        assert on_disk == c.checkpointed_size
+        assert on_disk == c.full_size
+    # What a checkpoint wrote: the files the checkpoint before it (retained
+    # too) did not reference (incremental snapshots share the others).
+    for before, c in itertools.pairwise(infos):
+        known = {f["path"] for f in before.metadata["files"]}
+        assert c.checkpointed_size == sum(int(f["size"]) for f in c.metadata["files"]
+                                          if f["path"] not in known)
     assert [c.completed_at for c in infos] == sorted(c.completed_at for c in infos)
     assert infos[-1].final and not infos[0].final
 

@@ -30,7 +30,7 @@ from eddyflow.runtime.loops import LoopTracker
 from eddyflow.runtime.operators import IterationHeadSpec, OperatorContext
 from eddyflow.runtime.task import Task
 from eddyflow.runtime.writers import ForwardWriter
-from eddyflow.state.backend import MemoryStateBackend
+from eddyflow.state.memory import MemoryStateBackend
 from eddyflow.state.storage import CheckpointStorage
 
 LOG, BACK_OWN, BACK_OTHER = 0, 1, 2  # the head's input channels
@@ -48,6 +48,7 @@ class StubCoordinator:
     mode = "exactly_once"
     synchronous = False
     plan = _Plan()
+    run_id = "test"
 
     def __init__(self, storage: CheckpointStorage) -> None:
         self.storage = storage

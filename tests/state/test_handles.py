@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 import eddyflow as ef
-from eddyflow.state.backend import MemoryKeyedStateBackend, MemoryStateBackend
 from eddyflow.state.handles import ListState, MapState, ReducingState, ValueState
+from eddyflow.state.memory import MemoryKeyedStateBackend, MemoryStateBackend
 
 
 @pytest.fixture
@@ -532,41 +532,3 @@ def test_e2e_state_of_unknown_operator() -> None:
     _, result = run(RunningMax())
     with pytest.raises(KeyError, match="no keyed state"):
         result.state("src")
-
-
-# -- snapshot freezing ----------------------------------------------------------------
-
-
-@pytest.mark.parametrize("kind", ["value", "list", "map", "reducing"])
-def test_writes_after_a_shallow_freeze_do_not_leak_into_it(
-    backend: MemoryKeyedStateBackend, kind: str
-) -> None:
-    """The synchronous snapshot phase freezes the tables by a shallow copy
-    (KeyedStateBackend.freeze) and the asynchronous phase pickles them while
-    processing continues; so a handle write after the freeze must not change
-    what the frozen copy holds (copy-on-write of list and map values)."""
-    handle: Any
-    if kind == "value":
-        handle = ValueState(backend, "s", default=0)
-        write = lambda x: setattr(handle, "value", x)  # noqa: E731
-    elif kind == "list":
-        handle = ListState(backend, "s")
-        write = handle.add
-    elif kind == "map":
-        handle = MapState(backend, "s")
-        write = lambda x: handle.put(x, x)  # noqa: E731
-    else:
-        handle = ReducingState(backend, "s", operator.add)
-        write = handle.add
-    backend.current_key = "k"
-    write(1)
-    frozen = backend.freeze()
-    before = repr(frozen)
-    write(2)
-    assert repr(frozen) == before
-    # A second freeze and write: the copy-on-write bookkeeping starts over.
-    frozen2 = backend.freeze()
-    before2 = repr(frozen2)
-    write(3)
-    assert repr(frozen2) == before2
-    assert repr(frozen) == before

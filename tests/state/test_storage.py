@@ -1,34 +1,25 @@
-"""Unit tests of checkpoint storage (DESIGN.md §6) and of the keyed-state
-file format organised by key group (DESIGN.md §4).
+"""Unit tests of checkpoint storage (DESIGN.md §6); the keyed-state file
+format and snapshots are tested in test_memory_snapshot.py.
 
 ``CheckpointStorage``: durable writes whose handle carries size and SHA-256,
 verification that catches flipped bytes, truncation and missing files,
 checksummed ``_metadata`` written last, ``latest_valid`` skipping damaged or
 half-written checkpoints with a warning naming the bad file,
-``clean_incomplete`` and ``discard``. ``write_keyed_state`` /
-``read_key_groups``: a round trip, and reading only the key groups a subtask
-owns at another parallelism (rescaling), which must partition the state
-exactly.
+``clean_incomplete`` and ``discard``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import itertools
 import json
 import logging
 import os
-import pickle
-import struct
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from eddyflow.keygroups import key_group_for, key_group_range
 from eddyflow.state import storage as storage_module
-from eddyflow.state.snapshot import decode_frame, read_key_groups, write_keyed_state
 from eddyflow.state.storage import (
     METADATA,
     CheckpointCorrupted,
@@ -279,162 +270,3 @@ def test_discard(storage: CheckpointStorage) -> None:
     storage.discard(1)  # again: a no-op
     storage.discard(77)  # never existed
     storage.verify(2)
-
-
-# -- keyed state by key group ---------------------------------------------------------
-
-
-MP = 128
-
-
-def frozen_state(n_keys: int = 300) -> dict[str, tuple[str, dict[Any, Any]]]:
-    return {
-        "count": ("value", {f"key-{i}": i for i in range(n_keys)}),
-        "seen": ("list", {i: [i, i + 1] for i in range(0, n_keys, 3)}),
-        "pairs": ("map", {(i, "x"): {"a": i} for i in range(0, n_keys, 7)}),
-    }
-
-
-def all_entries(frozen: dict[str, tuple[str, dict[Any, Any]]]) -> set[tuple[str, Any, str]]:
-    return {(name, key, repr(value)) for name, (_, table) in frozen.items()
-            for key, value in table.items()}
-
-
-def test_keyed_state_round_trip(storage: CheckpointStorage) -> None:
-    frozen = frozen_state()
-    handle, index = asyncio.run(write_keyed_state(storage, "chk-1/op-0/keyed-state", frozen, MP))
-    storage.verify_file(handle)
-    got = list(read_key_groups(storage.root, handle, index, range(MP)))
-    assert {(name, key, repr(value)) for _, name, key, value in got} == all_entries(frozen)
-    assert len(got) == sum(len(t) for _, t in frozen.values())
-    for kg, _, key, _ in got:
-        assert kg == key_group_for(key, MP)
-    # The frames tile the file: offsets and lengths cover it exactly.
-    spans = sorted(tuple(v) for v in index.values())
-    assert spans[0][0] == 0
-    for (o1, l1), (o2, _) in itertools.pairwise(spans):
-        assert o1 + l1 == o2
-    assert spans[-1][0] + spans[-1][1] == handle.size
-    # Only non-empty key groups are indexed.
-    assert {int(k) for k in index} == {kg for kg, *_ in got}
-
-
-def test_layouts_follow_keys_added_and_removed_between_snapshots(
-        storage: CheckpointStorage) -> None:
-    # The layouts kept between snapshots must track the tables exactly: the
-    # same keys again, one key swapped for another (same size), new keys, a
-    # few removed keys, most keys removed (rebuilt), a whole state gone, and
-    # a write while another one holds the layouts.
-    layouts: dict[str, Any] = {}
-    base = frozen_state(200)
-
-    def swapped(t: dict[Any, Any]) -> dict[Any, Any]:
-        out = dict(t)
-        out.pop(next(iter(out)))
-        out["swapped-in"] = 1
-        return out
-
-    steps = [
-        base,
-        base,
-        {name: (kind, swapped(t)) for name, (kind, t) in base.items()},
-        {name: (kind, {**t, **{f"new-{i}": i for i in range(50)}}) if name == "count"
-         else (kind, t) for name, (kind, t) in base.items()},
-        {name: (kind, {k: v for j, (k, v) in enumerate(t.items()) if j % 10})
-         for name, (kind, t) in base.items()},
-        {name: (kind, dict(list(t.items())[:3])) for name, (kind, t) in base.items()},
-        {"count": base["count"]},
-    ]
-    for n, frozen in enumerate(steps, 1):
-        rel = f"chk-{n}/op-0/keyed-state"
-        handle, index = asyncio.run(write_keyed_state(storage, rel, frozen, MP, layouts))
-        got = list(read_key_groups(storage.root, handle, index, range(MP)))
-        assert {(name, key, repr(value)) for _, name, key, value in got} == all_entries(frozen)
-        assert len(got) == sum(len(t) for _, t in frozen.values())
-        assert all(kg == key_group_for(key, MP) for kg, _, key, _ in got)
-    layouts["count"].busy = True  # an earlier write still reads it
-    frozen = {"count": ("value", {"x": 1, "y": 2})}
-    handle, index = asyncio.run(write_keyed_state(storage, "chk-9/op-0/keyed-state",
-                                                  frozen, MP, layouts))
-    got = {(name, key, value) for _, name, key, value in
-           read_key_groups(storage.root, handle, index, range(MP))}
-    assert got == {("count", "x", 1), ("count", "y", 2)}
-    assert "x" not in layouts["count"].group_of  # the busy layout was left alone
-
-
-def test_format_1_frames_are_still_read() -> None:
-    # Checkpoints written before frames held key and value columns.
-    body = pickle.dumps((5, [("count", "a", 1), ("seen", "b", [1, 2])]))
-    frame = struct.pack(">Q", len(body)) + body
-    assert decode_frame(frame, 5, "old-file", 0) == [("count", "a", 1), ("seen", "b", [1, 2])]
-
-
-def test_empty_keyed_state(storage: CheckpointStorage) -> None:
-    handle, index = asyncio.run(write_keyed_state(storage, "chk-1/op-0/keyed-state", {}, MP))
-    assert handle.size == 0 and index == {}
-    assert list(read_key_groups(storage.root, handle, index, range(MP))) == []
-
-
-@pytest.mark.parametrize(("old_p", "new_p"), [(1, 3), (2, 3), (3, 2), (4, 1), (2, 7)])
-def test_keyed_state_rescaling_reads_exactly_the_owned_key_groups(
-        storage: CheckpointStorage, old_p: int, new_p: int) -> None:
-    """State written by ``old_p`` subtasks (each its own key-group range),
-    read back by ``new_p`` subtasks: every entry lands in exactly one new
-    subtask, the one that owns its key group."""
-    frozen = frozen_state()
-    files = []
-    for s in range(old_p):
-        mine = key_group_range(s, MP, old_p)
-        part = {name: (kind, {k: v for k, v in t.items() if key_group_for(k, MP) in mine})
-                for name, (kind, t) in frozen.items()}
-        files.append(asyncio.run(write_keyed_state(
-            storage, f"chk-1/op-{s}/keyed-state", part, MP)))
-    seen: list[tuple[str, Any, str]] = []
-    for s in range(new_p):
-        groups = key_group_range(s, MP, new_p)
-        for handle, index in files:
-            for kg, name, key, value in read_key_groups(storage.root, handle, index, groups):
-                assert kg in groups
-                assert key_group_for(key, MP) == kg
-                seen.append((name, key, repr(value)))
-    assert len(seen) == len(set(seen))  # nobody reads an entry twice
-    assert set(seen) == all_entries(frozen)
-
-
-def test_reading_a_subset_opens_only_the_wanted_frames(storage: CheckpointStorage) -> None:
-    frozen = {"count": ("value", {f"k{i}": i for i in range(200)})}
-    handle, index = asyncio.run(write_keyed_state(storage, "chk-1/op-0/keyed-state", frozen, MP))
-    wanted = sorted(int(k) for k in index)[:3]
-    # Damage every frame except the wanted ones: reading the subset still works.
-    path = Path(storage.root, handle.path)
-    data = bytearray(path.read_bytes())
-    for kg, (offset, length) in index.items():
-        if int(kg) not in wanted:
-            data[offset + length - 1] ^= 0xFF
-    path.write_bytes(bytes(data))
-    got = list(read_key_groups(storage.root, handle, index, wanted))
-    assert {kg for kg, *_ in got} == set(wanted)
-    assert {key for _, _, key, _ in got} == {
-        k for k in frozen["count"][1] if key_group_for(k, MP) in wanted}
-
-
-def test_damaged_frame_raises_checkpoint_corrupted(storage: CheckpointStorage) -> None:
-    frozen = {"count": ("value", {f"k{i}": i for i in range(50)})}
-    handle, index = asyncio.run(write_keyed_state(storage, "chk-1/op-0/keyed-state", frozen, MP))
-    path = Path(storage.root, handle.path)
-    kg, (offset, length) = next(iter(index.items()))
-    data = bytearray(path.read_bytes())
-    data[offset + 8: offset + length] = b"\x00" * (length - 8)
-    path.write_bytes(bytes(data))
-    with pytest.raises(CheckpointCorrupted):
-        list(read_key_groups(storage.root, handle, index, [int(kg)]))
-
-
-def test_truncated_state_file_raises_checkpoint_corrupted(storage: CheckpointStorage) -> None:
-    frozen = {"count": ("value", {f"k{i}": i for i in range(50)})}
-    handle, index = asyncio.run(write_keyed_state(storage, "chk-1/op-0/keyed-state", frozen, MP))
-    path = Path(storage.root, handle.path)
-    last = max(index, key=lambda k: index[k][0])
-    path.write_bytes(path.read_bytes()[: index[last][0] + 3])
-    with pytest.raises(CheckpointCorrupted, match="truncated"):
-        list(read_key_groups(storage.root, handle, index, [int(last)]))

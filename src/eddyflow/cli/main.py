@@ -23,6 +23,7 @@ from eddyflow.cli.validate import validate_command
 from eddyflow.errors import JobFailed
 from eddyflow.jobfile import JobFileError, build_environment
 from eddyflow.result import JobResult
+from eddyflow.state.abc import KeyedStateHandle
 
 __all__ = ["main"]
 
@@ -90,8 +91,9 @@ def _operator_summary(info: CheckpointInfo) -> dict[str, dict[str, Any]]:
         for part in op["subtasks"].values():
             keyed = part.get("keyed")
             if keyed:
-                entries += int(keyed.get("entries", 0))
-                size += int(keyed["file"]["size"])
+                handle = KeyedStateHandle.from_json(keyed)
+                entries += handle.entries
+                size += sum(f.handle.size for f in handle.files)
         out[uid] = {"kind": op["kind"], "parallelism": op["parallelism"],
                     "state_entries": entries, "state_bytes": size}
     return out

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from eddyflow.backedge.log import decode_backedge_log
-from eddyflow.state.snapshot import decode_frame
+from eddyflow.state.abc import KeyedStateHandle, StateFile
+from eddyflow.state.format import DELETED, decode_frame
 from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage, FileHandle
 
 __all__ = ["CheckpointRef", "KeyedFile", "keyed_files", "open_checkpoint", "read_keyed_file",
@@ -70,18 +71,18 @@ def open_checkpoint(path: str | os.PathLike[str], checkpoint: int | None = None
 
 @dataclass(frozen=True)
 class KeyedFile:
-    """One subtask's keyed-state file of one operator."""
+    """One subtask's keyed state of one operator: its files, in the order
+    they apply (a full snapshot, then the deltas written since)."""
 
     root: str
     operator: str
     subtask: int
-    handle: FileHandle
-    index: dict[str, list[int]]
+    files: tuple[StateFile, ...]
     kinds: dict[str, str]
 
 
 def keyed_files(ref: CheckpointRef, operator: str | None = None) -> list[KeyedFile]:
-    """The keyed-state files of ``operator`` (every operator if ``None``)."""
+    """The keyed state of ``operator`` by subtask (every operator if ``None``)."""
     ops = ref.meta["operators"]
     if operator is not None and operator not in ops:
         raise KeyError(f"checkpoint {ref.id} has no operator {operator!r}; it has "
@@ -93,19 +94,29 @@ def keyed_files(ref: CheckpointRef, operator: str | None = None) -> list[KeyedFi
         for s, part in sorted(op["subtasks"].items(), key=lambda kv: int(kv[0])):
             keyed = part.get("keyed")
             if keyed is not None:
-                out.append(KeyedFile(ref.root, uid, int(s), FileHandle.from_json(keyed["file"]),
-                                     dict(keyed["index"]), dict(keyed["kinds"])))
+                handle = KeyedStateHandle.from_json(keyed)
+                out.append(KeyedFile(ref.root, uid, int(s), handle.files, dict(handle.kinds)))
     return out
 
 
 def read_keyed_file(kf: KeyedFile) -> Iterator[tuple[int, str, Any, Any]]:
-    """``(key_group, state, key, value)`` of one verified keyed-state file."""
-    data = CheckpointStorage(kf.root).read_verified(kf.handle)
-    path = os.path.join(kf.root, kf.handle.path)
-    for kg_text, (offset, length) in sorted(kf.index.items(), key=lambda kv: int(kv[0])):
-        kg = int(kg_text)
-        entries = decode_frame(data[offset:offset + length], kg, path, offset)
-        for name, key, value in entries:
+    """``(key_group, state, key, value)`` of one subtask's keyed state: each
+    of its files verified, the deltas applied over the full snapshot."""
+    storage = CheckpointStorage(kf.root)
+    state: dict[str, dict[Any, tuple[int, Any]]] = {}
+    for f in kf.files:
+        data = storage.read_verified(f.handle)
+        path = os.path.join(kf.root, f.handle.path)
+        for kg_text, (offset, length) in sorted(f.index.items(), key=lambda kv: int(kv[0])):
+            kg = int(kg_text)
+            for name, key, value in decode_frame(data[offset:offset + length], kg, path, offset):
+                table = state.setdefault(name, {})
+                if value is DELETED:
+                    table.pop(key, None)
+                else:
+                    table[key] = (kg, value)
+    for name, table in state.items():
+        for key, (kg, value) in table.items():
             yield kg, name, key, value
 
 

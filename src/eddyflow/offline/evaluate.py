@@ -51,7 +51,7 @@ from eddyflow.runtime.operators import (
     OperatorContext,
     SinkSpec,
 )
-from eddyflow.state.backend import MemoryStateBackend
+from eddyflow.state.memory import MemoryStateBackend
 
 __all__ = ["MAX_ROUNDS", "Evaluation", "evaluate"]
 
@@ -162,9 +162,11 @@ def _keyed(spec: Any, uid: str, max_parallelism: int, want_outputs: bool
                         for i, out in enumerate(op.process([r])):
                             if want_outputs:
                                 yield "o", (*tag, i), out
-            snap = op.snapshot(0)
-            frozen = snap.keyed if snap is not None and snap.keyed is not None else {}
-            for name, (kind, table) in frozen.items():
+            backend = getattr(op, "backend", None)
+            assert backend is not None
+            kinds_now = backend.kinds
+            for name, table in backend.tables().items():
+                kind = kinds_now[name]
                 for key, value in table.items():
                     kg = group_of.get(key)
                     if kg is None:  # a key only the operator's own code made

@@ -26,6 +26,7 @@ from eddyflow.offline.checkpoint import (
     read_keyed_file,
     read_verified_backedge_log,
 )
+from eddyflow.state.abc import KeyedStateHandle
 from eddyflow.state.storage import FileHandle
 
 __all__ = ["as_text", "backedge_rdd", "read_backedge_log", "read_metadata", "read_positions",
@@ -57,8 +58,9 @@ def read_metadata(spark: Any, directory: str | os.PathLike[str]) -> Any:
     for info in list_checkpoints(directory):
         for uid, op in sorted(info.operators.items()):
             parts = op["subtasks"].values()
-            entries = sum(int(p["keyed"].get("entries", 0)) for p in parts if "keyed" in p)
-            size = sum(int(p["keyed"]["file"]["size"]) for p in parts if "keyed" in p)
+            handles = [KeyedStateHandle.from_json(p["keyed"]) for p in parts if "keyed" in p]
+            entries = sum(h.entries for h in handles)
+            size = sum(f.handle.size for h in handles for f in h.files)
             logged = sum(int(p["backedge"]["records"]) for p in parts if "backedge" in p)
             rows.append((info.id, info.path, float(info.completed_at), float(info.duration),
                          info.final, uid, str(op.get("kind", "")), int(op["parallelism"]),

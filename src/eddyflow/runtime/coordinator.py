@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -34,7 +35,8 @@ from eddyflow.connectors.sink import Sink
 from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.runtime.events import Barrier
 from eddyflow.runtime.faults import fault_point
-from eddyflow.state.storage import CheckpointStorage, FileHandle
+from eddyflow.state.shared import SharedStateRegistry
+from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage, FileHandle
 
 if TYPE_CHECKING:
     from eddyflow.runtime.task import Task
@@ -102,6 +104,11 @@ class CheckpointCoordinator:
         self.retained: list[int] = (
             self.storage.completed_ids() if self.storage is not None else []
         )
+        #: Names this attempt's new state files apart from every other run's.
+        self.run_id = uuid.uuid4().hex[:12]
+        self.registry: SharedStateRegistry | None = None
+        if self.storage is not None:
+            self.registry = self._load_registry(self.storage)
         self.aborted: list[int] = []
         self.stats: list[dict[str, Any]] = []
         self._next_id = next_id
@@ -113,6 +120,19 @@ class CheckpointCoordinator:
         self._stopped = False
         self._resume = anyio.Event()
         self._resume.set()
+
+    def _load_registry(self, storage: CheckpointStorage) -> SharedStateRegistry:
+        """The shared files the checkpoints on disk reference; the others
+        (of aborted checkpoints, or of a run that crashed) are removed."""
+        registry = SharedStateRegistry(storage.root)
+        for n in self.retained:
+            try:
+                meta = storage.read_metadata(n)
+            except CheckpointCorrupted:
+                continue  # it cannot be restored: its files protect nothing
+            registry.register(n, (str(f["path"]) for f in meta.get("files", [])))
+        registry.collect_garbage()
+        return registry
 
     def attach(self, tasks: Sequence[Task]) -> None:
         self.tasks = tasks
@@ -253,6 +273,8 @@ class CheckpointCoordinator:
         if self.storage is not None:
             meta = self._metadata(p, duration)
             await self.storage.write_metadata(p.id, meta)
+            if self.registry is not None:
+                self.registry.register(p.id, (str(f["path"]) for f in meta["files"]))
             self.completed.append(p.id)
             self.retained.append(p.id)
             self.stats.append({"checkpoint_id": p.id} | {k: meta[k] for k in (
@@ -302,7 +324,20 @@ class CheckpointCoordinator:
         self.retained = keep
         for n in victims:
             await self.storage.discard_async(n)
+            if self.registry is not None:
+                self.registry.unregister(n)
         self.sweep_aborted()
+        self.collect_shared_garbage()
+
+    def collect_shared_garbage(self) -> None:
+        """Remove shared files no retained checkpoint references, unless a
+        checkpoint is in flight: its snapshots may build on one of them
+        (then it waits for the next completion, or the end of the run)."""
+        if self.registry is None:
+            return
+        if self._pending is not None or self._final is not None or self._completing:
+            return
+        self.registry.collect_garbage()
 
     def sweep_aborted(self) -> None:
         """Remove the folders of aborted checkpoints again: a state file
@@ -328,12 +363,18 @@ class CheckpointCoordinator:
             n.uid: {"kind": n.kind, "parallelism": plan.parallelism[n.id], "subtasks": {}}
             for n in nodes
         }
-        files: list[dict[str, Any]] = []
+        files: dict[str, dict[str, Any]] = {}
         for (_, subtask), snap in sorted(p.acks.items()):
             for uid, part in snap.operators.items():
                 operators[uid]["subtasks"][str(subtask)] = part
-            files.extend(h.to_json() for h in snap.files)
-        size = sum(int(f["size"]) for f in files)
+            for h in snap.files:
+                files[h.path] = h.to_json()
+        full_size = sum(int(f["size"]) for f in files.values())
+        # Files an earlier retained checkpoint already references were not
+        # written by this one (incremental snapshots).
+        registry = self.registry
+        written = sum(int(f["size"]) for path, f in files.items()
+                      if registry is None or not registry.referenced(path))
         names = self.tasks_by_key()
         return {
             "job": self.job_name,
@@ -354,11 +395,9 @@ class CheckpointCoordinator:
                            "back_edge": plan.edge_kinds[e.id].value == "back"}
                           for e in plan.graph.edges],
             },
-            "files": files,
-            "checkpointed_size": size,
-            # The memory backend writes full snapshots: a checkpoint references
-            # exactly the bytes it wrote.
-            "full_size": size,
+            "files": list(files.values()),
+            "checkpointed_size": written,
+            "full_size": full_size,
             "tasks": {f"{names[k]}[{k[1]}]": {
                 "alignment_duration": s.alignment_duration,
                 "sync_duration": s.sync_duration,

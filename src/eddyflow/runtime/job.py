@@ -33,7 +33,7 @@ from eddyflow.runtime.writers import (
     RecordWriter,
 )
 from eddyflow.state import writer as writer_process
-from eddyflow.state.backend import StateBackend
+from eddyflow.state.abc import StateBackend
 
 __all__ = ["JobRunner", "RuntimeConfig"]
 
@@ -150,6 +150,7 @@ class JobRunner:
                 outputs.setdefault((x.source_chain, i), []).append(writer)
 
         tasks = []
+        checkpointing = self.coordinator.storage is not None
         for chain in plan.chains:
             nodes = [plan.graph.nodes[n] for n in chain.node_ids]
             for s in range(chain.parallelism):
@@ -158,7 +159,7 @@ class JobRunner:
                     if node.is_source:
                         continue
                     ctx = OperatorContext(node.uid, s, chain.parallelism, cfg.max_parallelism,
-                                          cfg.state_backend)
+                                          cfg.state_backend, checkpointing)
                     ops.append(node.payload.instantiate(ctx))
                 head = nodes[0]
                 common: dict[str, Any] = dict(
@@ -255,12 +256,23 @@ class JobRunner:
             raise failed from failed.__cause__
         finally:
             self._close_feedback()
-            # Every write has landed (they run in the outer task group).
+            # Every write has landed (they run in the outer task group): the
+            # operators of finished tasks have taken their last snapshot.
+            closing: list[BaseException] = []
+            for t in tasks:
+                try:
+                    t.close()
+                except Exception as exc:
+                    closing.append(exc)
             coordinator.sweep_aborted()
+            coordinator.collect_shared_garbage()
             if writer is not None:
                 assert coordinator.storage is not None
                 coordinator.storage.writer = None
                 await writer.aclose()
+        if closing:
+            raise JobFailed(f"job '{self.job_name}' failed closing an operator: "
+                            f"{type(closing[0]).__name__}: {closing[0]}") from closing[0]
         return self.result(time.monotonic() - started)
 
     async def _start_writer(self) -> writer_process.WriterProcess | None:

@@ -23,7 +23,13 @@ from typing import Any
 from eddyflow.connectors.sink import Sink, SinkWriter
 from eddyflow.functions import KeyedProcessFunction, RuntimeContext
 from eddyflow.keygroups import check_key, key_group_range
-from eddyflow.state.backend import KeyedStateBackend, StateBackend
+from eddyflow.state.abc import (
+    Changes,
+    KeyedSnapshot,
+    KeyedStateBackend,
+    SnapshotTarget,
+    StateBackend,
+)
 
 __all__ = [
     "FilterSpec",
@@ -45,6 +51,10 @@ __all__ = [
 _MISSING: Any = object()
 
 
+def _ignore(key: Any, value: Any) -> None:
+    """Where nothing records changes (no checkpointing)."""
+
+
 @dataclass(frozen=True)
 class OperatorContext:
     """Where one operator instance runs."""
@@ -54,11 +64,14 @@ class OperatorContext:
     parallelism: int
     max_parallelism: int
     state_backend: StateBackend
+    #: Snapshots will be taken: keyed state records what changes.
+    checkpointing: bool = False
 
     def keyed_backend(self) -> KeyedStateBackend:
         groups = key_group_range(self.subtask, self.max_parallelism, self.parallelism)
         return self.state_backend.create_keyed_backend(
-            self.uid, self.subtask, groups, self.max_parallelism
+            self.uid, self.subtask, groups, self.max_parallelism,
+            checkpointing=self.checkpointing,
         )
 
 
@@ -66,12 +79,10 @@ class OperatorContext:
 class OperatorSnapshot:
     """The synchronous-phase result of one operator's snapshot."""
 
-    #: Frozen keyed state: state name -> (kind, table copy).
-    keyed: dict[str, tuple[str, dict[Any, Any]]] | None = None
+    #: Keyed state, its asynchronous half still to run.
+    keyed: KeyedSnapshot | None = None
     #: Prepared, not yet committed sink transactions.
     committables: list[Any] = field(default_factory=list)
-    #: The keyed backend frozen, for its key -> key group cache.
-    backend: KeyedStateBackend | None = None
 
 
 class Operator:
@@ -123,13 +134,19 @@ class Operator:
 
     # -- checkpoints -------------------------------------------------------
 
-    def snapshot(self, checkpoint_id: int) -> OperatorSnapshot | None:
+    def snapshot(self, checkpoint_id: int, target: SnapshotTarget | None = None
+                 ) -> OperatorSnapshot | None:
         """The synchronous phase of checkpoint ``checkpoint_id``: cheap, and
-        consistent with every record before the barrier and none after."""
+        consistent with every record before the barrier and none after.
+        ``target``: where keyed state goes (``None``: no checkpoint storage,
+        keyed state is not snapshotted)."""
         return None
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` is durable (its metadata is written)."""
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` will never complete."""
 
     def restore_keyed(self, kinds: dict[str, str],
                       entries: Iterable[tuple[str, Any, Any]]) -> None:
@@ -236,23 +253,45 @@ class _Keyed(Operator):
     state_name = "value"
     state_kind = "value"
 
+    def _record(self, out: list[tuple[Any, Any]]) -> None:
+        """Record the keys of ``(key, new value)`` outputs as written: one
+        ``dict.update`` at C speed per batch."""
+        written = self.changes.keys
+        if written is not None:
+            written.update(out)
+
     def __init__(self, ctx: OperatorContext, key_fn: Callable[[Any], Any]) -> None:
         super().__init__(ctx)
         self.key_fn = key_fn
         self.backend: KeyedStateBackend | None = None
-        self.table: dict[Any, Any] = {}
+        self.table: Any = {}
+        # Where writes to the table are recorded; read its ``keys`` per batch.
+        self.changes = Changes(False)
 
     def open(self) -> None:
         self.backend = self.ctx.keyed_backend()
         self.table = self.backend.declare(self.state_name, self.state_kind)
+        self.changes = self.backend.changes(self.state_name)
 
     def close(self) -> None:
+        # The backend stays reachable: JobResult.state reads it after the run.
         if self.backend is not None:
             self.backend.close()
 
-    def snapshot(self, checkpoint_id: int) -> OperatorSnapshot | None:
+    def snapshot(self, checkpoint_id: int, target: SnapshotTarget | None = None
+                 ) -> OperatorSnapshot | None:
+        if target is None:
+            return None
         assert self.backend is not None
-        return OperatorSnapshot(keyed=self.backend.freeze(), backend=self.backend)
+        return OperatorSnapshot(keyed=self.backend.snapshot(target))
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        if self.backend is not None:
+            self.backend.notify_checkpoint_complete(checkpoint_id)
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        if self.backend is not None:
+            self.backend.notify_checkpoint_aborted(checkpoint_id)
 
     def restore_keyed(self, kinds: dict[str, str],
                       entries: Iterable[tuple[str, Any, Any]]) -> None:
@@ -282,8 +321,10 @@ class _Count(_Keyed):
                 table[k] = c
                 append((k, c))
         except Exception as exc:
+            self._record(out)
             self._failed(batch, len(out), exc, k)
             raise
+        self._record(out)
         return out
 
 
@@ -314,8 +355,10 @@ class _Reduce(_Keyed):
                 table[k] = v
                 append((k, v))
         except Exception as exc:
+            self._record(out)
             self._failed(batch, len(out), exc, k)
             raise
+        self._record(out)
         return out
 
 
@@ -346,8 +389,10 @@ class _Sum(_Keyed):
                 table[k] = s
                 append((k, s))
         except Exception as exc:
+            self._record(out)
             self._failed(batch, len(out), exc, k)
             raise
+        self._record(out)
         return out
 
 
@@ -366,9 +411,12 @@ class _MapWithState(_Keyed):
         out: list[Any] = []
         append = out.append
         k: Any = None
+        written = self.changes.keys
+        mark = written.__setitem__ if written is not None else _ignore
         try:
             for r in batch:
                 k = kf(r)
+                mark(k, None)  # before fn: it may change the old state in place, and fail
                 old = get(k)
                 if old is None:
                     check_key(k)
@@ -513,7 +561,8 @@ class _SinkOperator(Operator):
         self.writer.write(batch)
         return []
 
-    def snapshot(self, checkpoint_id: int) -> OperatorSnapshot | None:
+    def snapshot(self, checkpoint_id: int, target: SnapshotTarget | None = None
+                 ) -> OperatorSnapshot | None:
         assert self.writer is not None
         committable = self.writer.prepare_commit(checkpoint_id)
         if committable is not None:

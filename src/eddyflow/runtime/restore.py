@@ -11,7 +11,8 @@ from typing import Any
 
 from eddyflow.backedge.log import read_backedge_log
 from eddyflow.graph.plan import ExecutionPlan
-from eddyflow.state.snapshot import read_key_groups
+from eddyflow.state.abc import KeyedStateHandle
+from eddyflow.state.format import read_key_groups
 from eddyflow.state.storage import CheckpointStorage, FileHandle
 
 __all__ = ["RestoredCheckpoint"]
@@ -77,23 +78,28 @@ class RestoredCheckpoint:
     def keyed_state(self, uid: str, key_groups: range
                     ) -> tuple[dict[str, str], Iterator[tuple[str, Any, Any]]]:
         """State kinds and ``(state, key, value)`` of ``uid`` in ``key_groups``,
-        read from every old subtask whose range overlaps."""
+        read from every old subtask whose key groups overlap, each subtask's
+        files in the order they apply (a deleted key's value is ``DELETED``)."""
         kinds: dict[str, str] = {}
-        parts = []
+        handles = []
         for part in self._subtasks(uid).values():
             keyed = part.get("keyed")
             if keyed is None:
                 continue
-            kinds.update(keyed["kinds"])
-            parts.append(keyed)
+            handle = KeyedStateHandle.from_json(keyed)
+            kinds.update(handle.kinds)
+            old = handle.key_groups
+            if len(old) and (old.stop <= key_groups.start or old.start >= key_groups.stop):
+                continue  # none of its key groups is ours
+            handles.append(handle)
         root = self.storage.root
 
         def entries() -> Iterator[tuple[str, Any, Any]]:
-            for keyed in parts:
-                handle = FileHandle.from_json(keyed["file"])
-                for _, name, key, value in read_key_groups(root, handle, keyed["index"],
-                                                           key_groups):
-                    yield name, key, value
+            for handle in handles:
+                for f in handle.files:
+                    for _, name, key, value in read_key_groups(root, f.handle.path, f.index,
+                                                               key_groups):
+                        yield name, key, value
 
         return kinds, entries()
 

@@ -24,6 +24,7 @@ from, traced back through the chain (see ``Operator.output_counts``).
 from __future__ import annotations
 
 import asyncio
+import pickle
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from eddyflow.backedge.log import write_backedge_log
+from eddyflow.backedge.log import BackEdgeRecords, write_backedge_log
 from eddyflow.connectors.source import SourceReader
 from eddyflow.keygroups import key_group_range
 from eddyflow.runtime.channel import InputGate
@@ -41,7 +42,7 @@ from eddyflow.runtime.faults import fault_point
 from eddyflow.runtime.loops import LoopTracker
 from eddyflow.runtime.operators import Operator, OperatorSnapshot
 from eddyflow.runtime.writers import KeyRoutingError, RecordWriter
-from eddyflow.state.snapshot import write_keyed_state
+from eddyflow.state.abc import SnapshotTarget
 from eddyflow.state.storage import FileHandle
 
 if TYPE_CHECKING:
@@ -78,8 +79,16 @@ class _BackEdgeLog:
 
     checkpoint_id: int
     waiting: set[int]  # back-edge channels whose barrier has not come back
-    records: dict[int, list[Any]]
-    write: Callable[[dict[int, list[Any]]], Awaitable[None]]
+    records: dict[int, list[bytes]]  # per channel, the batches logged, pickled
+    write: Callable[[BackEdgeRecords], Awaitable[None]]
+    count: int = 0
+
+    def log(self, channel: int, batch: list[Any]) -> None:
+        """Log ``batch`` as it is now: the loop body may change its records
+        in place once the head has passed them on (serialised at capture)."""
+        self.records[channel].append(
+            pickle.dumps(list(batch), protocol=pickle.HIGHEST_PROTOCOL))
+        self.count += len(batch)
 
 
 class Task:
@@ -148,6 +157,7 @@ class Task:
         self.records_read = 0
         self._dirty_since = 0.0
         self.finished = False
+        self._closed = False
 
     # -- the chain ---------------------------------------------------------
 
@@ -301,13 +311,29 @@ class Task:
         except BaseException:
             for op in self.operators:
                 op.abort()
+            self.close()
             raise
         finally:
-            for op in self.operators:
-                op.close()
             if self.reader is not None:
                 with anyio.CancelScope(shield=True):
                     await self.reader.close()
+
+    def close(self) -> None:
+        """Close the operators, once. A task that finished keeps them open
+        until the job's last checkpoint is written (it acknowledges every
+        later checkpoint with its final state), so the job runner closes
+        them; a task that fails closes them at once."""
+        if self._closed:
+            return
+        self._closed = True
+        errors: list[BaseException] = []
+        for op in self.operators:
+            try:
+                op.close()
+            except Exception as exc:  # close every operator, then report
+                errors.append(exc)
+        if errors:
+            raise errors[0]
 
     def _source_failure(self, exc: BaseException, reader: SourceReader) -> TaskFailure:
         where = f"{self.source_label} at {reader.describe_position(reader.position())}"
@@ -413,8 +439,7 @@ class Task:
         coordinator = self.coordinator
         assert coordinator is not None and self.finished
         self._done_id = max(self._done_id, n)
-        stored = coordinator.storage is not None
-        snaps = {op.uid: op.snapshot(n) for op in self.operators if stored or not op.keyed}
+        snaps = self._snapshot_operators(n)
         await self._write_and_ack(n, snaps, self._final_position, 0.0, 0.0)
 
     async def _inject_barrier(self, reader: SourceReader) -> None:
@@ -464,7 +489,7 @@ class Task:
             if kind is RecordBatch:
                 backlog = self._backlog
                 if backlog is not None and i in backlog.waiting:
-                    backlog.records[i].extend(item)
+                    backlog.log(i, item)
                 self._current_span = item.span
                 await self._process_input(item, item.span)
                 tracker = self.input_loops[i]
@@ -540,7 +565,7 @@ class Task:
         backlog.waiting.discard(channel)
         if not backlog.waiting:
             self._backlog = None
-            log = backlog.records
+            log = BackEdgeRecords(backlog.records, backlog.count)
 
             async def write() -> None:
                 await backlog.write(log)
@@ -592,6 +617,8 @@ class Task:
             self._trigger = None
         if self._backlog is not None and self._backlog.checkpoint_id == checkpoint_id:
             self._backlog = None
+        for op in self.operators:
+            op.notify_checkpoint_aborted(checkpoint_id)
         if self._early.pop(checkpoint_id, None) and self.gate is not None:
             self.gate.unblock_all()
         al = self._align
@@ -642,13 +669,10 @@ class Task:
         if coordinator is None:
             return
         t0 = time.monotonic()
-        # Without storage (no checkpointing) only the sinks' transactions
-        # matter: freezing keyed state would be wasted work.
-        stored = coordinator.storage is not None
-        snaps = {op.uid: op.snapshot(n) for op in self.operators if stored or not op.keyed}
+        snaps = self._snapshot_operators(n)
         sync_duration = time.monotonic() - t0
 
-        async def write(backlog: dict[int, list[Any]] | None = None) -> None:
+        async def write(backlog: BackEdgeRecords | None = None) -> None:
             await self._write_and_ack(n, snaps, position, alignment, sync_duration, backlog)
 
         early = self._early.pop(n, set())
@@ -657,7 +681,7 @@ class Task:
             stale |= self._early.pop(old)
         back_edges = [i for i, r in enumerate(self.regular)
                       if not r and not self._ended[i] and i not in early]
-        if forward and back_edges and stored:
+        if forward and back_edges and coordinator.storage is not None:
             # A loop head: forward the barrier now; the snapshot is written
             # once the barrier has come back on every back-edge, with the
             # records logged meanwhile.
@@ -695,20 +719,41 @@ class Task:
             for i in sorted(early | stale):
                 gate.unblock(i)
 
+    def _snapshot_operators(self, n: int) -> dict[str, OperatorSnapshot | None]:
+        """The synchronous half of every operator's snapshot for checkpoint
+        ``n``. Without storage (no checkpointing) only the sinks'
+        transactions matter: keyed state is not snapshotted."""
+        coordinator = self.coordinator
+        assert coordinator is not None
+        storage = coordinator.storage
+        target = None if storage is None else SnapshotTarget(
+            storage, n, coordinator.run_id, self.subtask)
+        return {op.uid: op.snapshot(n, target) for op in self.operators}
+
     async def _write_and_ack(self, n: int, snaps: dict[str, OperatorSnapshot | None],
                              position: Any, alignment: float, sync_duration: float,
-                             backlog: dict[int, list[Any]] | None = None) -> None:
+                             backlog: BackEdgeRecords | None = None) -> None:
         try:
             await self._write_and_ack_now(n, snaps, position, alignment, sync_duration, backlog)
         except OSError:
+            self._cancel_snapshots(snaps)
             coordinator = self.coordinator
             if coordinator is not None and coordinator.is_aborted(n):
                 return  # the abort removed the folder under our write: nothing lost
             raise
+        except BaseException:
+            self._cancel_snapshots(snaps)
+            raise
+
+    @staticmethod
+    def _cancel_snapshots(snaps: dict[str, OperatorSnapshot | None]) -> None:
+        for snap in snaps.values():
+            if snap is not None and snap.keyed is not None:
+                snap.keyed.cancel()
 
     async def _write_and_ack_now(self, n: int, snaps: dict[str, OperatorSnapshot | None],
                                  position: Any, alignment: float, sync_duration: float,
-                                 backlog: dict[int, list[Any]] | None) -> None:
+                                 backlog: BackEdgeRecords | None) -> None:
         coordinator = self.coordinator
         assert coordinator is not None
         storage = coordinator.storage
@@ -719,22 +764,13 @@ class Task:
             parts[self.source_uid] = {"source": position}
         if storage is not None:
             fault_point("snapshot.async_write")
-        mp = coordinator.plan.max_parallelism
         for uid, snap in snaps.items():
             part: dict[str, Any] = {}
             if snap is not None:
-                if snap.keyed is not None and storage is not None:
-                    rel = f"chk-{n}/{uid}-{self.subtask}/keyed-state"
-                    layouts = snap.backend.layouts if snap.backend is not None else None
-                    handle, index = await write_keyed_state(storage, rel, snap.keyed, mp,
-                                                            layouts)
-                    files.append(handle)
-                    part["keyed"] = {
-                        "file": handle.to_json(),
-                        "index": index,
-                        "kinds": {name: kind for name, (kind, _) in snap.keyed.items()},
-                        "entries": sum(len(t) for _, t in snap.keyed.values()),
-                    }
+                if snap.keyed is not None:
+                    keyed = await snap.keyed.write()
+                    files.extend(f.handle for f in keyed.files)
+                    part["keyed"] = keyed.to_json()
                 if snap.committables:
                     part["committables"] = snap.committables
             parts[uid] = part
@@ -746,7 +782,7 @@ class Task:
             files.append(handle)
             parts.setdefault(head, {})["backedge"] = {
                 "file": handle.to_json(),
-                "records": sum(len(r) for r in backlog.values()),
+                "records": backlog.count,
             }
         await coordinator.acknowledge(self, n, TaskSnapshot(
             parts, files, alignment, sync_duration, time.monotonic() - t0))

@@ -4,7 +4,14 @@ key of their backend.
 
 Every write goes back through ``table[key] = ...`` even when the value was
 mutated in place, so that a backend whose table serialises values (RocksDB)
-sees each change.
+sees each change, and is recorded in the table's ``Changes`` so that the
+next incremental snapshot writes it. A read that hands user code a mutable
+object (a dict, a list, an object of its own) is recorded too: code that
+changes such a value in place and never writes it back still changed the
+state, and the heap (which the memory backend keeps) holds the change.
+
+Snapshots need no copy-on-write here: the memory backend's snapshot reads a
+copy-on-write image of the process taken at the barrier (``state/forked.py``).
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar, cast
 
-from eddyflow.state.backend import KeyedStateBackend
+from eddyflow.state.abc import Changes, KeyedStateBackend
 
 __all__ = ["ListState", "MapState", "ReducingState", "ValueState"]
 
@@ -21,23 +28,41 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 _MISSING: Any = object()
+#: Values no code can change in place.
+_IMMUTABLE = frozenset({int, float, str, bytes, bool, complex, type(None)})
 
 
 class _Handle:
-    __slots__ = ("_backend", "_fresh", "_table", "name")
+    __slots__ = ("_backend", "_changes", "_table", "name")
 
     def __init__(self, backend: KeyedStateBackend, name: str, kind: str) -> None:
         self._backend = backend
         self._table = backend.declare(name, kind)
-        self._fresh = backend.fresh[name]
+        self._changes: Changes = backend.changes(name)
         self.name = name
 
-    def _key(self) -> Any:
-        return self._backend.current_key
+    def _put(self, key: Any, value: Any) -> None:
+        self._table[key] = value
+        written = self._changes.keys
+        if written is not None:
+            written[key] = None
+
+    def _lent(self, key: Any, value: Any) -> Any:
+        """``value`` (of ``key``) goes to user code: if it can be changed in
+        place, count it as written."""
+        if type(value) not in _IMMUTABLE:
+            written = self._changes.keys
+            if written is not None:
+                written[key] = None
+        return value
 
     def clear(self) -> None:
         """Forget the current key's value."""
-        self._table.pop(self._backend.current_key, None)
+        key = self._backend.current_key
+        if self._table.pop(key, _MISSING) is not _MISSING:
+            written = self._changes.keys
+            if written is not None:
+                written[key] = None
 
 
 class ValueState(_Handle, Generic[T]):
@@ -51,14 +76,18 @@ class ValueState(_Handle, Generic[T]):
 
     @property
     def value(self) -> T:
-        return cast(T, self._table.get(self._backend.current_key, self._default))
+        key = self._backend.current_key
+        v = self._table.get(key, _MISSING)
+        if v is _MISSING:
+            return cast(T, self._default)
+        return cast(T, self._lent(key, v))
 
     @value.setter
     def value(self, v: T) -> None:
-        self._table[self._backend.current_key] = v
+        self._put(self._backend.current_key, v)
 
     def update(self, v: T) -> None:
-        self._table[self._backend.current_key] = v
+        self._put(self._backend.current_key, v)
 
 
 class ListState(_Handle, Generic[T]):
@@ -75,32 +104,29 @@ class ListState(_Handle, Generic[T]):
     def __iter__(self) -> Iterator[T]:
         return iter(self.get())
 
-    def _mutable(self, key: Any) -> list[T]:
-        items = self._table.get(key)
-        if items is None:
-            items = []
-        elif key not in self._fresh:
-            items = list(items)  # a snapshot may still hold the old list
-        self._fresh.add(key)
-        return items
-
     def add(self, v: T) -> None:
         key = self._backend.current_key
-        items = self._mutable(key)
-        items.append(v)
-        self._table[key] = items
+        items = self._table.get(key)
+        if items is None:
+            items = [v]
+        else:
+            items.append(v)
+        self._put(key, items)
 
     def add_all(self, vs: Iterable[T]) -> None:
         key = self._backend.current_key
-        items = self._mutable(key)
-        items.extend(vs)
+        items = self._table.get(key)
+        if items is None:
+            items = list(vs)
+        else:
+            items.extend(vs)
         if items:
-            self._table[key] = items
+            self._put(key, items)
 
     def update(self, vs: Iterable[T]) -> None:
         items = list(vs)
         if items:
-            self._table[self._backend.current_key] = items
+            self._put(self._backend.current_key, items)
         else:
             self.clear()
 
@@ -117,22 +143,19 @@ class MapState(_Handle, Generic[K, V]):
         return self._table.get(self._backend.current_key) or {}
 
     def get(self, k: K, default: V | None = None) -> V | None:
-        return self._map().get(k, default)
-
-    def _mutable(self, key: Any) -> dict[K, V]:
-        m = self._table.get(key)
-        if m is None:
-            m = {}
-        elif key not in self._fresh:
-            m = dict(m)  # a snapshot may still hold the old dict
-        self._fresh.add(key)
-        return m
+        key = self._backend.current_key
+        v = self._map().get(k, _MISSING)
+        if v is _MISSING:
+            return default
+        return cast(V, self._lent(key, v))
 
     def put(self, k: K, v: V) -> None:
         key = self._backend.current_key
-        m = self._mutable(key)
+        m = self._table.get(key)
+        if m is None:
+            m = {}
         m[k] = v
-        self._table[key] = m
+        self._put(key, m)
 
     def __contains__(self, k: object) -> bool:
         return k in self._map()
@@ -141,21 +164,20 @@ class MapState(_Handle, Generic[K, V]):
         key = self._backend.current_key
         m = self._table.get(key)
         if m is not None and k in m:
-            m = self._mutable(key)
             del m[k]
             if m:
-                self._table[key] = m
+                self._put(key, m)
             else:
-                del self._table[key]
+                self.clear()
 
     def items(self) -> list[tuple[K, V]]:
-        return list(self._map().items())
+        return [(k, self._lent(self._backend.current_key, v)) for k, v in self._map().items()]
 
     def keys(self) -> list[K]:
         return list(self._map().keys())
 
     def values(self) -> list[V]:
-        return list(self._map().values())
+        return [self._lent(self._backend.current_key, v) for v in self._map().values()]
 
     def __len__(self) -> int:
         return len(self._map())
@@ -176,10 +198,13 @@ class ReducingState(_Handle, Generic[T]):
         self._fn = fn
 
     def get(self) -> T | None:
-        value: T | None = self._table.get(self._backend.current_key)
-        return value
+        key = self._backend.current_key
+        value = self._table.get(key, _MISSING)
+        if value is _MISSING:
+            return None
+        return cast(T, self._lent(key, value))
 
     def add(self, v: T) -> None:
         key = self._backend.current_key
         old = self._table.get(key, _MISSING)
-        self._table[key] = v if old is _MISSING else self._fn(old, v)
+        self._put(key, v if old is _MISSING else self._fn(old, v))

@@ -1,0 +1,238 @@
+"""The state backend protocol: what a task and the keyed operators may ask of
+keyed state, whatever holds it (memory now, RocksDB next).
+
+As Flink's ``SnapshotStrategy``, the backend owns both halves of its
+snapshot: :meth:`KeyedStateBackend.snapshot` is the *synchronous* half,
+taken at the barrier and cheap (it never costs what the whole state costs),
+and returns a :class:`KeyedSnapshot` whose :meth:`KeyedSnapshot.write` is the
+*asynchronous* half, awaited while records flow. What a snapshot records is
+the state as it was at the barrier, whatever user code does to the objects
+afterwards. The result, a :class:`KeyedStateHandle`, is what the checkpoint
+metadata says of one operator subtask's keyed state: the files it needs,
+possibly shared with earlier checkpoints (incremental snapshots).
+
+Operators see state as *tables*, one per declared state: mappings from key
+to value with ``get``, ``__setitem__``, ``pop``, ``__contains__``, ``items``
+and ``__len__``. Every write to a table must be recorded in its
+:class:`Changes` (the keys written since the last snapshot), so that a
+snapshot can cost what changed rather than what the state holds.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from eddyflow.keygroups import key_group_for
+from eddyflow.state.storage import CheckpointStorage, FileHandle
+
+__all__ = [
+    "Changes",
+    "KeyedSnapshot",
+    "KeyedStateBackend",
+    "KeyedStateHandle",
+    "SnapshotTarget",
+    "StateBackend",
+    "StateFile",
+]
+
+
+class Changes:
+    """The keys of one table written since the last snapshot.
+
+    ``keys`` is a dict (its values mean nothing) so that the keyed operators
+    can record a whole batch of ``(key, value)`` outputs with one
+    ``dict.update`` at C speed; it is ``None`` when nothing needs to know
+    (no checkpointing), and replaced, never cleared, at each snapshot, so
+    read it afresh for every batch."""
+
+    __slots__ = ("keys",)
+
+    def __init__(self, track: bool) -> None:
+        self.keys: dict[Any, Any] | None = {} if track else None
+
+    def take(self) -> dict[Any, Any]:
+        """The keys written so far; recording starts over."""
+        keys = self.keys
+        if keys is None:
+            return {}
+        self.keys = {}
+        return keys
+
+
+@dataclass(frozen=True)
+class StateFile:
+    """One file of a keyed-state snapshot: where it is (relative to the
+    checkpoint storage root), its checksum, its frame index by key group,
+    and whether it is a full snapshot or a delta over the file before it."""
+
+    handle: FileHandle
+    index: Mapping[str, tuple[int, int]]
+    full: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.handle.to_json(), "index": {k: list(v) for k, v in self.index.items()},
+                "full": self.full}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> StateFile:
+        return StateFile(FileHandle.from_json(dict(d)),
+                         {str(k): (int(v[0]), int(v[1])) for k, v in d["index"].items()},
+                         bool(d.get("full", True)))
+
+
+@dataclass(frozen=True)
+class KeyedStateHandle:
+    """One operator subtask's keyed state in a checkpoint: its backend, the
+    kinds of its states, how many entries it held, the key groups it owned,
+    and its files in the order they apply (a full snapshot, then deltas)."""
+
+    backend: str
+    kinds: Mapping[str, str]
+    entries: int
+    key_groups: range
+    files: tuple[StateFile, ...] = ()
+    #: Files this checkpoint wrote (the others were written by earlier ones).
+    new_files: frozenset[str] = field(default_factory=frozenset)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"backend": self.backend, "kinds": dict(self.kinds), "entries": self.entries,
+                "key_groups": [self.key_groups.start, self.key_groups.stop],
+                "files": [f.to_json() for f in self.files]}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> KeyedStateHandle:
+        if "file" in d:  # metadata format 1: one full file per subtask
+            files: tuple[StateFile, ...] = (StateFile.from_json({**d["file"],
+                                                                 "index": d["index"]}),)
+            groups = range(0, 0)
+        else:
+            files = tuple(StateFile.from_json(f) for f in d["files"])
+            start, stop = d["key_groups"]
+            groups = range(int(start), int(stop))
+        return KeyedStateHandle(str(d.get("backend", "memory")), dict(d["kinds"]),
+                                int(d.get("entries", 0)), groups, files)
+
+
+@dataclass(frozen=True)
+class SnapshotTarget:
+    """Where a snapshot's files go: the checkpoint storage (new files under
+    its ``shared/`` folder, named so that no two subtasks, checkpoints or
+    runs collide) and the checkpoint's id."""
+
+    storage: CheckpointStorage
+    checkpoint_id: int
+    run_id: str
+    subtask: int
+
+    @property
+    def root(self) -> str:
+        return self.storage.root
+
+
+class KeyedSnapshot(ABC):
+    """A snapshot whose synchronous half is taken; :meth:`write` is the
+    asynchronous half."""
+
+    @abstractmethod
+    async def write(self) -> KeyedStateHandle:
+        """Make the snapshot durable; its handle for the checkpoint metadata."""
+
+    def cancel(self) -> None:  # noqa: B027 - optional hook
+        """The checkpoint is abandoned before :meth:`write` completed."""
+
+
+class KeyedStateBackend(ABC):
+    """The keyed state of one operator subtask: named tables, the current key
+    the state handles are scoped to, and snapshots of them."""
+
+    def __init__(self, operator: str, key_groups: range, max_parallelism: int) -> None:
+        self.operator = operator
+        self.key_groups = key_groups
+        self.max_parallelism = max_parallelism
+        self.current_key: Any = None
+        self._kinds: dict[str, str] = {}
+        self._closed = False
+
+    def declare(self, name: str, kind: str) -> MutableMapping[Any, Any]:
+        """The table of state ``name``; one name, one kind of state."""
+        known = self._kinds.setdefault(name, kind)
+        if known != kind:
+            raise ValueError(
+                f"operator '{self.operator}': state '{name}' is already declared as {known} "
+                f"state, not {kind} state"
+            )
+        return self._table(name)
+
+    @property
+    def kinds(self) -> dict[str, str]:
+        """State name -> kind (value, list, map, reducing)."""
+        return dict(self._kinds)
+
+    @abstractmethod
+    def _table(self, name: str) -> MutableMapping[Any, Any]: ...
+
+    @abstractmethod
+    def changes(self, name: str) -> Changes:
+        """Where writes to table ``name`` are recorded (declare it first)."""
+
+    @abstractmethod
+    def tables(self) -> Mapping[str, Mapping[Any, Any]]:
+        """Every declared table by name, for inspection (``JobResult.state``)."""
+
+    @abstractmethod
+    def snapshot(self, target: SnapshotTarget) -> KeyedSnapshot:
+        """The synchronous half of a snapshot (see the module docstring)."""
+
+    def restore(self, kinds: Mapping[str, str],
+                entries: Iterable[tuple[str, Any, Any]]) -> int:
+        """Load ``(state, key, value)`` entries of a checkpoint's files in
+        the order they apply (``DELETED`` values remove); returns how many."""
+        from eddyflow.state.format import DELETED
+
+        for name, kind in kinds.items():
+            self.declare(name, kind)
+        n = 0
+        for name, key, value in entries:
+            table = self._table(name)
+            if value is DELETED:
+                table.pop(key, None)
+            else:
+                table[key] = value
+            n += 1
+        return n
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:  # noqa: B027
+        """Checkpoint ``checkpoint_id`` is durable: what it wrote may be built on."""
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:  # noqa: B027
+        """Checkpoint ``checkpoint_id`` will never complete."""
+
+    def entries(self) -> Iterator[tuple[str, int, Any, Any]]:
+        """Every ``(state name, key group, key, value)``, for tests and inspection."""
+        mp = self.max_parallelism
+        for name, table in self.tables().items():
+            for key, value in table.items():
+                yield name, key_group_for(key, mp), key, value
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"operator '{self.operator}': its keyed state backend is closed")
+
+    def close(self) -> None:
+        """Release resources; called once, after the last snapshot."""
+        self._closed = True
+
+
+class StateBackend(ABC):
+    """What ``env.set_state_backend`` takes: a factory of keyed backends."""
+
+    @abstractmethod
+    def create_keyed_backend(
+        self, operator: str, subtask: int, key_groups: range, max_parallelism: int,
+        *, checkpointing: bool = False,
+    ) -> KeyedStateBackend:
+        """The keyed state of one operator subtask; ``checkpointing``: it will
+        be snapshotted (so it records what changes)."""

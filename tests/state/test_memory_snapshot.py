@@ -1,0 +1,287 @@
+"""Unit tests of the memory backend's incremental snapshots
+(``state/memory/snapshot.py``) and of the keyed-state file format
+(``state/format.py``).
+
+A snapshot taken at a "barrier" must hold the state as it was then, whatever
+the handles or user code change afterwards, in place included; deltas hold
+exactly the keys written and deleted since the last *completed* checkpoint;
+the chain is cut after ``max_chain`` deltas; restoring a chain, or any
+key-group subset of it (rescaling), gives back exactly the state; damaged
+files are reported. Each test runs with the forked child (the default) and
+inline (``EDDYFLOW_SNAPSHOT_FORK=0``, and what small snapshots do).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import os
+import pickle
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eddyflow.keygroups import key_group_range
+from eddyflow.state import forked
+from eddyflow.state.abc import KeyedStateHandle, SnapshotTarget
+from eddyflow.state.format import DELETED, apply_entries, decode_frame, read_key_groups
+from eddyflow.state.handles import ListState, MapState, ReducingState, ValueState
+from eddyflow.state.memory import MemoryKeyedStateBackend, MemoryStateBackend
+from eddyflow.state.memory import snapshot as memory_snapshot
+from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage
+
+MP = 128
+
+
+@pytest.fixture(params=["fork", "inline"], autouse=True)
+def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Every snapshot by a forked child, or every one serialised at the barrier."""
+    monkeypatch.setattr(forked, "ENABLED", request.param == "fork")
+    monkeypatch.setattr(memory_snapshot, "_INLINE", 0 if request.param == "fork" else 1 << 30)
+    yield str(request.param)
+
+
+def make(backend: MemoryStateBackend | None = None) -> MemoryKeyedStateBackend:
+    b = (backend or MemoryStateBackend()).create_keyed_backend(
+        "op", 0, range(MP), MP, checkpointing=True)
+    assert isinstance(b, MemoryKeyedStateBackend)
+    return b
+
+
+def snap(b: MemoryKeyedStateBackend, root: Path, n: int, *, complete: bool = True
+         ) -> KeyedStateHandle:
+    handle = asyncio.run(b.snapshot(SnapshotTarget(CheckpointStorage(root), n, "run", 0)).write())
+    if complete:
+        b.notify_checkpoint_complete(n)
+    return handle
+
+
+def read(root: Path, handle: KeyedStateHandle, groups: range = range(MP)
+         ) -> dict[str, dict[Any, Any]]:
+    """The state a chain restores (optionally: of some key groups only)."""
+    tables: dict[str, dict[Any, Any]] = {}
+    for f in handle.files:
+        apply_entries(tables, ((name, k, v) for _, name, k, v in
+                               read_key_groups(str(root), f.handle.path, f.index, groups)))
+    return {name: t for name, t in tables.items() if t}
+
+
+def test_full_then_deltas_restore_exactly(tmp_path: Path) -> None:
+    b = make()
+    v = ValueState(b, "count", default=0)
+    for i in range(300):
+        b.current_key = f"k{i}"
+        v.value = i
+    h1 = snap(b, tmp_path, 1)
+    assert [f.full for f in h1.files] == [True] and h1.entries == 300
+    b.current_key = "k5"
+    v.value = 55
+    b.current_key = "k7"
+    v.clear()
+    b.current_key = "new"
+    v.value = -1
+    h2 = snap(b, tmp_path, 2)
+    assert [f.full for f in h2.files] == [True, False]
+    assert h2.new_files == {h2.files[1].handle.path}
+    assert h2.files[1].handle.size < h1.files[0].handle.size / 10  # 3 keys, not 300
+    assert read(tmp_path, h2) == {"count": dict(b.tables()["count"])}
+    # Nothing changed: the same chain, no new file.
+    h3 = snap(b, tmp_path, 3)
+    assert h3.files == h2.files and not h3.new_files
+
+
+def test_chain_is_cut_after_max_chain_deltas(tmp_path: Path) -> None:
+    b = make(MemoryStateBackend(max_chain=2))
+    v = ValueState(b, "s")
+    kinds = []
+    for n in range(1, 8):
+        b.current_key = n
+        v.value = n
+        h = snap(b, tmp_path, n)
+        kinds.append([f.full for f in h.files])
+        assert read(tmp_path, h) == {"s": {k: k for k in range(1, n + 1)}}
+    assert kinds[:4] == [[True], [True, False], [True, False, False], [True]]
+    full = make(MemoryStateBackend(incremental=False))
+    w = ValueState(full, "s")
+    for n in range(1, 4):
+        full.current_key = n
+        w.value = n
+        assert [f.full for f in snap(full, tmp_path / "full", n).files] == [True]
+
+
+def test_changes_of_an_aborted_checkpoint_go_into_the_next_delta(tmp_path: Path) -> None:
+    b = make()
+    v = ValueState(b, "s")
+    b.current_key = "a"
+    v.value = 1
+    snap(b, tmp_path, 1)
+    b.current_key = "b"
+    v.value = 2
+    h2 = snap(b, tmp_path, 2, complete=False)
+    b.notify_checkpoint_aborted(2)
+    b.current_key = "c"
+    v.value = 3
+    h3 = snap(b, tmp_path, 3)
+    # Built on checkpoint 1's chain, not on the aborted 2's file.
+    assert h2.files[1] not in h3.files and len(h3.files) == 2
+    assert read(tmp_path, h3) == {"s": {"a": 1, "b": 2, "c": 3}}
+
+
+@pytest.mark.parametrize("kind", ["value", "list", "map", "reducing"])
+def test_in_place_changes_after_the_barrier_do_not_reach_the_snapshot(
+        tmp_path: Path, kind: str) -> None:
+    """The synchronous half returns at once; whatever the handles, or user
+    code holding the values, do afterwards must not reach the files."""
+    b = make()
+    b.current_key = "k"
+    if kind == "value":
+        vs = ValueState(b, "s")
+        vs.update({"n": 1, "items": [1]})
+        snapshot = b.snapshot(SnapshotTarget(CheckpointStorage(tmp_path), 1, "run", 0))
+        d = vs.value
+        d["n"] += 1
+        d["items"].append(2)  # in place, not even written back
+        vs.update(d)
+        expected: Any = {"n": 1, "items": [1]}
+    elif kind == "list":
+        ls = ListState(b, "s")
+        ls.add({"x": 1})
+        snapshot = b.snapshot(SnapshotTarget(CheckpointStorage(tmp_path), 1, "run", 0))
+        ls.add({"x": 2})
+        b.tables()["s"]["k"][0]["x"] = 99
+        expected = [{"x": 1}]
+    elif kind == "map":
+        ms = MapState(b, "s")
+        ms.put("a", [1])
+        snapshot = b.snapshot(SnapshotTarget(CheckpointStorage(tmp_path), 1, "run", 0))
+        got = ms.get("a")
+        assert got is not None
+        got.append(2)
+        ms.put("b", [3])
+        expected = {"a": [1]}
+    else:
+        def merge(a: dict[str, Any], x: dict[str, Any]) -> dict[str, Any]:
+            a["n"] += x["n"]  # the accumulator, changed in place
+            return a
+        rs = ReducingState(b, "s", merge)
+        rs.add({"n": 1})
+        snapshot = b.snapshot(SnapshotTarget(CheckpointStorage(tmp_path), 1, "run", 0))
+        rs.add({"n": 5})
+        expected = {"n": 1}
+    handle = asyncio.run(snapshot.write())
+    assert read(tmp_path, handle) == {"s": {"k": expected}}
+    # The change is in the state now, and the next delta writes it.
+    b.notify_checkpoint_complete(1)
+    h2 = snap(b, tmp_path, 2)
+    assert read(tmp_path, h2) == {"s": dict(b.tables()["s"])}
+
+
+def test_a_value_lent_to_user_code_counts_as_written(tmp_path: Path) -> None:
+    """Code that changes a dict it read from ValueState in place and never
+    calls update() still changed the state: the next delta has it."""
+    b = make()
+    vs = ValueState(b, "s")
+    b.current_key = "k"
+    vs.update({"n": 1})
+    snap(b, tmp_path, 1)
+    vs.value["n"] = 2  # no update()
+    assert read(tmp_path, snap(b, tmp_path, 2)) == {"s": {"k": {"n": 2}}}
+
+
+@pytest.mark.parametrize(("old_p", "new_p"), [(1, 3), (2, 3), (3, 2), (4, 1)])
+def test_rescaling_reads_exactly_the_owned_key_groups(tmp_path: Path, old_p: int,
+                                                      new_p: int) -> None:
+    everything: dict[Any, Any] = {}
+    handles = []
+    for s in range(old_p):
+        b = MemoryStateBackend().create_keyed_backend(
+            "op", s, key_group_range(s, MP, old_p), MP, checkpointing=True)
+        v = ValueState(b, "count")
+        for i in range(400):
+            key = ("k", i)
+            if key_group_range(s, MP, old_p).start <= _kg(key) < key_group_range(
+                    s, MP, old_p).stop:
+                b.current_key = key
+                v.value = i
+                everything[key] = i
+        target = SnapshotTarget(CheckpointStorage(tmp_path), 1, "r", s)
+        handles.append(asyncio.run(b.snapshot(target).write()))
+    parts = []
+    for s in range(new_p):
+        groups = key_group_range(s, MP, new_p)
+        mine: dict[Any, Any] = {}
+        for h in handles:
+            mine.update(read(tmp_path, h, groups).get("count", {}))
+        assert all(_kg(k) in groups for k in mine)
+        parts.append(mine)
+    assert sum(map(len, parts)) == len(everything)
+    assert {k: v for p in parts for k, v in p.items()} == everything
+
+
+def _kg(key: Any) -> int:
+    from eddyflow.keygroups import key_group_for
+    return key_group_for(key, MP)
+
+
+def test_unpicklable_value_names_state_and_key(tmp_path: Path) -> None:
+    b = make()
+    vs = ValueState(b, "conn")
+    b.current_key = "user-1"
+    vs.update(lambda: None)
+    # Raised by the forked child (reported as OSError) or at the barrier.
+    with pytest.raises((OSError, TypeError), match="state 'conn' of key 'user-1'"):
+        snap(b, tmp_path, 1)
+
+
+def test_damaged_and_truncated_frames_raise_checkpoint_corrupted(tmp_path: Path) -> None:
+    b = make()
+    v = ValueState(b, "s")
+    for i in range(50):
+        b.current_key = f"k{i}"
+        v.value = i
+    f = snap(b, tmp_path, 1).files[0]
+    path = tmp_path / f.handle.path
+    kg, (offset, length) = next(iter(f.index.items()))
+    data = bytearray(path.read_bytes())
+    data[offset + 8: offset + length] = b"\x00" * (length - 8)
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointCorrupted):
+        list(read_key_groups(str(tmp_path), f.handle.path, f.index, [int(kg)]))
+    last = max(f.index, key=lambda k: f.index[k][0])
+    path.write_bytes(path.read_bytes()[: f.index[last][0] + 3])
+    with pytest.raises(CheckpointCorrupted, match="truncated"):
+        list(read_key_groups(str(tmp_path), f.handle.path, f.index, [int(last)]))
+    os.unlink(path)
+    with pytest.raises(CheckpointCorrupted, match="unreadable"):
+        list(read_key_groups(str(tmp_path), f.handle.path, f.index, [int(last)]))
+
+
+def test_frames_of_earlier_formats_are_still_read() -> None:
+    body = pickle.dumps((5, [("count", "a", 1), ("seen", "b", [1, 2])]))
+    frame = struct.pack(">Q", len(body)) + body
+    assert decode_frame(frame, 5, "old", 0) == [("count", "a", 1), ("seen", "b", [1, 2])]
+    body = pickle.dumps((5, "columns", [("count", ["a", "b"], [1, 2])]))
+    frame = struct.pack(">Q", len(body)) + body
+    assert decode_frame(frame, 5, "old", 0) == [("count", "a", 1), ("count", "b", 2)]
+    body = pickle.dumps((5, "delta", [("count", ["a"], [1], ["b"])]))
+    frame = struct.pack(">Q", len(body)) + body
+    assert decode_frame(frame, 5, "new", 0) == [("count", "a", 1), ("count", "b", DELETED)]
+
+
+def test_snapshot_of_a_closed_backend_is_refused(tmp_path: Path) -> None:
+    b = make()
+    b.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        b.snapshot(SnapshotTarget(CheckpointStorage(tmp_path), 1, "run", 0))
+
+
+def test_reducing_state_add_uses_fn(tmp_path: Path) -> None:
+    b = make()
+    rs = ReducingState(b, "r", operator.add)
+    b.current_key = 1
+    rs.add(2)
+    rs.add(3)
+    assert read(tmp_path, snap(b, tmp_path, 1)) == {"r": {1: 5}}
