@@ -4,7 +4,15 @@ Hypothesis draws a random DAG — 1 to 6 operators among map, key-changing
 map, filter, flat_map, rebalance, a union of two branches, and the keyed
 count / sum / reduce / map_with_state, each at parallelism 1-4 — over a
 ``from_collection`` source of a few thousand deterministic records, with a
-small batch size so that many barriers interleave with the records. One run
+small batch size so that many barriers interleave with the records. It also
+draws the records' shape: ``(key, value)`` tuples, ``{"k": key, "v": value}``
+dicts or ``[key, value]`` lists. With a mutable shape the user functions
+change their input record in place and return it (``reduce`` folds the
+accumulator into the incoming record), and ``map_with_state`` keeps a dict
+or list state that it changes in place: the runtime hands these objects out
+by reference, and a checkpoint must still hold the state, and a restored
+source replay the records, as they were at the barrier. Records and state
+are made tuples only for the final comparison, never in the job. One run
 without checkpointing and without failures is the reference. The checked
 run takes checkpoints every few milliseconds (in a quarter of the examples
 with a timeout of a few milliseconds, so that checkpoints are aborted too)
@@ -47,13 +55,26 @@ from hypothesis import strategies as st
 import eddyflow as ef
 from eddyflow.runtime import faults
 
-Record = tuple[int, int]
+# A record is a key and a value, in the shape the case draws: a tuple, or a
+# dict or list that the user functions below change in place.
+Record = tuple[int, int] | dict[str, int] | list[int]
 MOD = 100_003
+# Mutable shapes first: hypothesis draws the first choices more often (and
+# shrinks towards them); tuples are what the rest of the suite uses.
+SHAPES = ("dict", "list", "tuple")
 
 # -- the operators --------------------------------------------------------------
 #
-# Records are ``(key, value)`` pairs of ints throughout; every keyed operator
-# keys by ``record[0]`` and its output is brought back to that shape.
+# Records are ``(key, value)`` pairs of ints throughout, as tuples, dicts or
+# lists; every keyed operator keys by the key and its output is brought back
+# to that shape. A function that changes a record in place (``set_value``,
+# ``set_key_value``) only gets records it is the sole consumer of: the two
+# branches of a union receive the same objects (other tasks, in any order),
+# so both build new records for the ones they keep, and no one changes the
+# shared ones.
+# Every function computes the same ints for every shape, so the checks of the
+# int version apply unchanged once records and state are made tuples
+# (``canon``) for the comparison.
 
 KINDS = ("map", "rekey", "filter", "flat_map", "rebalance", "union",
          "count", "sum", "reduce", "mws")
@@ -62,40 +83,97 @@ FAULT_POINTS = ("task.aligning", "snapshot.async_write",
                 "checkpoint.before_metadata", "sink.before_commit")
 
 
+def make(shape: str, key: int, value: int) -> Record:
+    if shape == "dict":
+        return {"k": key, "v": value}
+    if shape == "list":
+        return [key, value]
+    return (key, value)
+
+
+def key_of(r: Record) -> int:
+    return r["k"] if isinstance(r, dict) else r[0]
+
+
+def value_of(r: Record) -> int:
+    return r["v"] if isinstance(r, dict) else r[1]
+
+
+def like(r: Record, key: int, value: int) -> Record:
+    """A new record of ``r``'s shape."""
+    if isinstance(r, dict):
+        return {"k": key, "v": value}
+    if isinstance(r, list):
+        return [key, value]
+    return (key, value)
+
+
+def set_value(r: Record, value: int) -> Record:
+    """``r`` with a new value: changed in place unless it is a tuple."""
+    if isinstance(r, dict):
+        r["v"] = value
+        return r
+    if isinstance(r, list):
+        r[1] = value
+        return r
+    return (r[0], value)
+
+
+def set_key_value(r: Record, key: int, value: int) -> Record:
+    if isinstance(r, dict):
+        r["k"], r["v"] = key, value
+        return r
+    if isinstance(r, list):
+        r[0], r[1] = key, value
+        return r
+    return (key, value)
+
+
+def canon(x: Any) -> Any:
+    """Records and state values as (nested) tuples, for the comparison only."""
+    if isinstance(x, dict):
+        return tuple(canon(v) for v in x.values())  # "k", "v": insertion order
+    if isinstance(x, list | tuple):
+        return tuple(canon(v) for v in x)
+    return x
+
+
 def f_map(r: Record) -> Record:
-    return (r[0], (r[1] * 3 + r[0] + 1) % MOD)
+    return set_value(r, (value_of(r) * 3 + key_of(r) + 1) % MOD)
 
 
 def f_rekey(r: Record) -> Record:
-    return ((r[0] * 7 + r[1]) % 41, r[1])
+    return set_key_value(r, (key_of(r) * 7 + value_of(r)) % 41, value_of(r))
 
 
 def f_filter(r: Record) -> bool:
-    return r[1] % 4 != 1
+    return value_of(r) % 4 != 1
 
 
 def f_flat_map(r: Record) -> list[Record]:
-    return [(r[0], (r[1] + 13 * j) % MOD) for j in range(r[1] % 3)]
+    k, v = key_of(r), value_of(r)
+    # The first output is r itself (changed in place), the others new records.
+    outs = [like(r, k, (v + 13 * j) % MOD) for j in range(1, v % 3)]
+    return [set_value(r, v % MOD), *outs] if v % 3 else []
 
 
 def f_rebalanced(r: Record) -> Record:
-    return (r[0], (r[1] + 5) % MOD)
+    return set_value(r, (value_of(r) + 5) % MOD)
 
 
 def f_branch_a(r: Record) -> Record:
-    return (r[0], (r[1] * 5 + 2) % MOD)
+    """Branch A of a union: a new record."""
+    return like(r, key_of(r), (value_of(r) * 5 + 2) % MOD)
 
 
-def f_even(r: Record) -> bool:
-    return r[0] % 2 == 0
+def f_branch_a_even(r: Record) -> list[Record]:
+    """Branch A of a union that splits the records: the even keys."""
+    return [f_branch_a(r)] if key_of(r) % 2 == 0 else []
 
 
-def f_odd(r: Record) -> bool:
-    return r[0] % 2 == 1
-
-
-def key0(r: Any) -> Any:
-    return r[0]
+def f_branch_b_odd(r: Record) -> list[Record]:
+    """Branch B of a union that splits the records: new records of the odd keys."""
+    return [like(r, key_of(r), value_of(r))] if key_of(r) % 2 == 1 else []
 
 
 def identity(r: Any) -> Any:
@@ -105,33 +183,76 @@ def identity(r: Any) -> Any:
 def weight_of_key(r: Record) -> int:
     """A value that depends on the key only: running sums of it do not depend
     on the order in which a key's records arrive."""
-    return r[0] % 5 + 1
+    return key_of(r) % 5 + 1
 
 
 def to_weight(r: Record) -> Record:
-    return (r[0], weight_of_key(r))
+    return set_value(r, weight_of_key(r))
+
+
+# The reduce functions fold the accumulator into the new record, in place,
+# and return it as the new accumulator. (Not the other way round: the
+# runtime emits the accumulator object itself as ``(key, accumulator)``, so
+# an accumulator changed in place would rewrite the outputs already emitted
+# for its key in the same batch, whatever the runtime's checkpoints do.)
 
 
 def reduce_ordered(a: Record, b: Record) -> Record:
-    return (a[0], (a[1] * 31 + b[1]) % MOD)
+    return set_value(b, (value_of(a) * 31 + value_of(b)) % MOD)
 
 
 def reduce_add(a: Record, b: Record) -> Record:
-    return (a[0], a[1] + b[1])
+    return set_value(b, value_of(a) + value_of(b))
 
 
 def unwrap_reduced(kv: tuple[int, Record]) -> Record:
-    return (kv[0], kv[1][1])
+    # A new record: the accumulator is the operator's state.
+    return like(kv[1], kv[0], value_of(kv[1]))
 
 
-def mws_ordered(r: Record, s: int | None) -> tuple[Record, int]:
-    new = ((s or 0) * 17 + r[1] + 1) % MOD
-    return (r[0], new), new
+def as_dict(kv: tuple[int, int]) -> Record:
+    """The ``(key, n)`` tuples of count and sum, back in the case's shape."""
+    return {"k": kv[0], "v": kv[1]}
 
 
-def mws_counting(r: Record, s: int | None) -> tuple[Record, int]:
-    new = (s or 0) + weight_of_key(r)
-    return (r[0], new), new
+def as_list(kv: tuple[int, int]) -> Record:
+    return [kv[0], kv[1]]
+
+
+RESHAPE: dict[str, Callable[[tuple[int, int]], Record]] = {"dict": as_dict, "list": as_list}
+
+# map_with_state: with a mutable record shape the state is a one-field dict
+# or list of the same kind, changed in place and returned as the new state.
+MwsState = int | dict[str, int] | list[int]
+
+
+def _mws_step(r: Record, s: MwsState | None,
+              step: Callable[[int], int]) -> tuple[Record, MwsState]:
+    if isinstance(r, tuple):
+        assert s is None or isinstance(s, int)
+        new = step(s or 0)
+        return (r[0], new), new
+    if isinstance(r, dict):
+        if s is None:
+            s = {"n": 0}
+        assert isinstance(s, dict)
+        s["n"] = new = step(s["n"])
+    else:
+        if s is None:
+            s = [0]
+        assert isinstance(s, list)
+        s[0] = new = step(s[0])
+    return set_value(r, new), s
+
+
+def mws_ordered(r: Record, s: MwsState | None) -> tuple[Record, MwsState]:
+    v = value_of(r)
+    return _mws_step(r, s, lambda n: (n * 17 + v + 1) % MOD)
+
+
+def mws_counting(r: Record, s: MwsState | None) -> tuple[Record, MwsState]:
+    w = weight_of_key(r)
+    return _mws_step(r, s, lambda n: n + w)
 
 
 class Pace:
@@ -182,6 +303,7 @@ class Case:
     # Prefer parallelisms that keep each key's records in order, so that
     # per-key order can be checked (keyed operators still change parallelism).
     keep_order: bool = False
+    shape: str = "tuple"  # of the records: tuple | dict | list (changed in place)
 
 
 # Keeping the parallelism often keeps per-key order deterministic (forward edges).
@@ -219,6 +341,7 @@ def cases(draw: st.DrawFn, modes: tuple[str, ...]) -> Case:
         fault_point=fault_point,
         fault_after=draw(st.integers(0, 6)),
         keep_order=draw(st.booleans()),
+        shape=draw(st.sampled_from(SHAPES)),
     )
 
 
@@ -273,7 +396,9 @@ class Built:
 def build(env: ef.StreamEnvironment, case: Case, sink: ef.Sink, *,
           failing: Callable[[Any], Any], pace: Callable[[Any], Any]) -> Built:
     out = Built()
-    records = [(i % case.n_keys, (i * 7919) % 10_007) for i in range(case.n_records)]
+    # New objects for every run: the functions change them in place.
+    records = [make(case.shape, i % case.n_keys, (i * 7919) % 10_007)
+               for i in range(case.n_records)]
     sp = 1 if case.keep_order else case.source_parallelism
     ds = env.from_collection(records).set_parallelism(sp)
     ds = ds.map(pace).name("pace").set_parallelism(sp)
@@ -322,14 +447,14 @@ def build(env: ef.StreamEnvironment, case: Case, sink: ef.Sink, *,
                 offset = key_bound
 
                 def shift(r: Record, offset: int = offset) -> Record:
-                    return (r[0] + offset, (r[1] * 3 + 1) % MOD)
+                    return like(r, key_of(r) + offset, (value_of(r) * 3 + 1) % MOD)
 
                 a = ds.map(f_branch_a).set_parallelism(pa)
                 b = ds.map(shift).set_parallelism(pb)
                 key_bound *= 2
             else:
-                a = ds.filter(f_even).set_parallelism(pa).map(f_branch_a).set_parallelism(pa)
-                b = ds.filter(f_odd).set_parallelism(pb)
+                a = ds.flat_map(f_branch_a_even).set_parallelism(pa)
+                b = ds.flat_map(f_branch_b_odd).set_parallelism(pb)
             ins = [_through(ins, pa), _through(ins, pb)]
             ds = a.union(b)
         else:
@@ -342,11 +467,11 @@ def build(env: ef.StreamEnvironment, case: Case, sink: ef.Sink, *,
                 src = ds.map(to_weight).set_parallelism(p)
                 ins = [_through(ins, p)]
                 kin = _through_keyed(ins, p)
-            keyed = src.key_by(key0)
+            keyed = src.key_by(key_of)
             if k == "count":
                 ds = keyed.count().name(uid).set_parallelism(p)
             elif k == "sum":
-                vf = (lambda r: r[1]) if sensitive else weight_of_key
+                vf = value_of if sensitive else weight_of_key
                 ds = keyed.sum(vf).name(uid).set_parallelism(p)
             elif k == "reduce":
                 fn = reduce_ordered if sensitive else reduce_add
@@ -355,6 +480,8 @@ def build(env: ef.StreamEnvironment, case: Case, sink: ef.Sink, *,
             else:
                 fn2 = mws_ordered if sensitive else mws_counting
                 ds = keyed.map_with_state(fn2).name(uid).set_parallelism(p)
+            if k in ("count", "sum") and case.shape in RESHAPE:
+                ds = ds.map(RESHAPE[case.shape]).set_parallelism(p)
             out.keyed_uids.append(uid)
             if sensitive and k != "count":
                 out.sensitive.append(uid)
@@ -380,7 +507,7 @@ def read_parts(folder: Path) -> list[Any]:
     for name in sorted(os.listdir(folder)):
         if name.startswith("part-"):
             with open(folder / name, encoding="utf-8") as f:
-                out.extend(tuple(json.loads(line)) for line in f)
+                out.extend(canon(json.loads(line)) for line in f)
     return out
 
 
@@ -419,6 +546,7 @@ class Stats:
     fault_fired: int = 0
     checkpoints: int = 0
     per_key_checked: int = 0
+    mutable_failed: int = 0  # examples with dict or list records that failed
 
 
 def check_case(case: Case, workdir: Path, stats: Stats) -> None:
@@ -430,7 +558,7 @@ def check_case(case: Case, workdir: Path, stats: Stats) -> None:
     ref_sink = ef.ListSink()
     ref_built = build(env, case, ref_sink, failing=identity, pace=identity)
     ref = run_job(env)
-    reference = list(ref_sink.results)
+    reference = [canon(r) for r in ref_sink.results]
     through_failing = ref.records_in.get("failing", 0)
 
     # The checked run.
@@ -471,6 +599,7 @@ def check_case(case: Case, workdir: Path, stats: Stats) -> None:
     if any(f"injected failure at {case.fault_point}" in m for m in watcher.messages):
         stats.fault_fired += 1
     stats.failed += result.restarts >= 1
+    stats.mutable_failed += result.restarts >= 1 and case.shape != "tuple"
     stats.checkpoints += len(result.completed_checkpoints) - 1  # periodic ones, roughly
     assert result.completed_checkpoints, "at least the final checkpoint completes"
     # (retention across restarts is checked in test_checkpoint_recovery.py)
@@ -486,7 +615,7 @@ def check_case(case: Case, workdir: Path, stats: Stats) -> None:
             assert leftovers == [], f"uncommitted files left behind: {leftovers}"
     else:
         assert isinstance(sink, ef.ListSink)
-        got = list(sink.results)
+        got = [canon(r) for r in sink.results]
 
     want_c, got_c = Counter(reference), Counter(got)
     if case.mode == "at_least_once":
@@ -503,7 +632,8 @@ def check_case(case: Case, workdir: Path, stats: Stats) -> None:
 
     # The final keyed state.
     for uid in built.keyed_uids:
-        want, have = ref.state(uid), result.state(uid)
+        want = {k: canon(v) for k, v in ref.state(uid).items()}
+        have = {k: canon(v) for k, v in result.state(uid).items()}
         if case.mode == "at_least_once":
             missing = set(want) - set(have)
             assert not missing, f"{uid}: keys lost from state: {sorted(missing)[:5]}"
@@ -514,7 +644,7 @@ def check_case(case: Case, workdir: Path, stats: Stats) -> None:
 
 
 def _run_property(tmp_path: Path, examples: int, modes: tuple[str, ...],
-                  min_failed: float) -> Stats:
+                  min_failed: float, min_mutable_failed: float) -> Stats:
     stats = Stats()
 
     @settings(max_examples=examples, deadline=None, derandomize=False,
@@ -524,8 +654,10 @@ def _run_property(tmp_path: Path, examples: int, modes: tuple[str, ...],
         check_case(case, tmp_path / f"ex{stats.examples}", stats)
 
     prop()
-    # Most examples must actually have exercised recovery.
+    # Most examples must actually have exercised recovery, many of them with
+    # records and state that the user functions change in place.
     assert stats.failed >= min_failed * stats.examples, stats
+    assert stats.mutable_failed >= min_mutable_failed * stats.examples, stats
     # Barriers did interleave with the records: periodic checkpoints completed.
     assert stats.checkpoints >= 2 * stats.examples, stats
     return stats
@@ -535,11 +667,12 @@ MODES = ("exactly_once", "at_least_once", "synchronous")
 
 
 def test_checkpointing_survives_random_failures(tmp_path: Path) -> None:
-    _run_property(tmp_path, examples=25, modes=MODES, min_failed=0.6)
+    _run_property(tmp_path, examples=25, modes=MODES, min_failed=0.6, min_mutable_failed=0.15)
 
 
 @pytest.mark.slow
 def test_checkpointing_survives_random_failures_soak(tmp_path: Path) -> None:
-    stats = _run_property(tmp_path, examples=300, modes=MODES, min_failed=0.7)
+    stats = _run_property(tmp_path, examples=300, modes=MODES, min_failed=0.7,
+                          min_mutable_failed=0.4)
     assert stats.fault_fired >= 0.1 * stats.examples, stats
     assert stats.per_key_checked >= 0.05 * stats.examples, stats

@@ -15,7 +15,12 @@ key), plus a mandatory step that decrements each record's remaining-rounds
 counter, so every loop converges; optionally an inner loop nested in the
 body; parallelism 1-3 per operator; feedback forward, keyed or rebalanced;
 an optional keyed count or sum after the loop; a source of one split, two
-even splits, or two splits of which one lags. The checked run takes a
+even splits, or two splits of which one lags; records that are tuples, or
+dicts or lists that the loop body changes in place (its steps decrement the
+record's own counters, the keyed operator's state is a dict or list it
+changes in place), so that a back-edge log, a state snapshot or a source
+replay that kept references instead of the values at the barrier would
+show. The checked run takes a
 checkpoint every 5-50 ms, in ``exactly_once`` or ``synchronous`` mode, and
 fails: a ``FailingMap`` in the loop body, a map that fails while a loop
 head is recording its back-edge log, and/or one of the runtime's fault
@@ -46,6 +51,7 @@ come back round the loop to a head subtask before its own barrier arrives.
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import itertools
 import json
@@ -70,7 +76,12 @@ from eddyflow.runtime import task as task_module
 from eddyflow.runtime.job import JobRunner
 from eddyflow.runtime.restore import RestoredCheckpoint
 
-Record = tuple[int, int, int, int]  # key, value, rounds left, inner rounds left
+# The property test's records: key, value, rounds left, inner rounds left, as a
+# tuple, or as a dict or list (in SHAPES) that the loop body changes in place.
+Record = tuple[int, ...] | dict[str, int] | list[int]
+FIELDS = ("k", "v", "r", "i")  # a dict record's keys, in this order
+F_KEY, F_VALUE, F_ROUNDS, F_INNER = range(4)  # field indexes
+SHAPES = ("dict", "list", "tuple")  # mutable first: hypothesis draws them more often
 MOD = 100_003
 FAULT_POINTS = ("task.aligning", "snapshot.async_write",
                 "checkpoint.before_metadata", "sink.before_commit")
@@ -89,61 +100,153 @@ def identity(r: Any) -> Any:
     return r
 
 
+# Shape-independent access. ``put`` changes a dict or list record in place
+# (and returns it), a tuple is replaced. A function only changes a record it
+# is the sole consumer of: the end of a loop body feeds both the feedback
+# filter and the exit filter, other tasks, which get the same objects (in
+# any order); so no one changes those objects afterwards: a path that goes on
+# to change its records copies them first (``copy_record``: the feedback
+# paths, the inner loop's exit), the outer loop's exit only reads them.
+
+
+def make(shape: str, *values: int) -> Record:
+    if shape == "dict":
+        return dict(zip(FIELDS, values, strict=True))
+    if shape == "list":
+        return list(values)
+    return tuple(values)
+
+
+def like(r: Record, *values: int) -> Record:
+    """A new record of ``r``'s shape."""
+    return make("dict" if isinstance(r, dict) else "list" if isinstance(r, list) else "tuple",
+                *values)
+
+
+def get(r: Record, f: int) -> int:
+    return r[FIELDS[f]] if isinstance(r, dict) else r[f]
+
+
+def fields(r: Record) -> tuple[int, int, int, int]:
+    if isinstance(r, dict):
+        return r["k"], r["v"], r["r"], r["i"]
+    return r[0], r[1], r[2], r[3]
+
+
+def put(r: Record, *changes: tuple[int, int]) -> Record:
+    """``r`` with fields changed: in place, unless it is a tuple."""
+    if isinstance(r, tuple):
+        t = list(r)
+        for f, x in changes:
+            t[f] = x
+        return (t[0], t[1], t[2], t[3])
+    if isinstance(r, dict):
+        for f, x in changes:
+            r[FIELDS[f]] = x
+    else:
+        for f, x in changes:
+            r[f] = x
+    return r
+
+
+def canon(x: Any) -> Any:
+    """Records and state values as (nested) tuples, for the comparison only."""
+    if isinstance(x, dict):
+        return tuple(canon(v) for v in x.values())  # insertion order: FIELDS
+    if isinstance(x, list | tuple):
+        return tuple(canon(v) for v in x)
+    return x
+
+
+def key_of(r: Record) -> int:
+    return get(r, F_KEY)
+
+
+def copy_record(r: Record) -> Record:
+    return like(r, *fields(r))
+
+
 def f_map(r: Record) -> Record:
-    return (r[0], (r[1] * 3 + r[0] + 1) % MOD, r[2], r[3])
+    k, v, _, _ = fields(r)
+    return put(r, (F_VALUE, (v * 3 + k + 1) % MOD))
 
 
 def f_filter(r: Record) -> bool:
-    return (r[1] * 7 + r[2]) % 10 != 0
+    return (get(r, F_VALUE) * 7 + get(r, F_ROUNDS)) % 10 != 0
 
 
 def f_flat_map(r: Record) -> list[Record]:
-    if (r[1] + r[2]) % 3 == 0:
-        return [(r[0], (r[1] * 2 + 1) % MOD, r[2], r[3]), (r[0], (r[1] * 2 + 2) % MOD, r[2], r[3])]
+    k, v, n, i = fields(r)
+    if (v + n) % 3 == 0:
+        return [put(r, (F_VALUE, (v * 2 + 1) % MOD)), like(r, k, (v * 2 + 2) % MOD, n, i)]
     return [r]
 
 
 def f_decrement(r: Record) -> Record:
-    return (r[0], (r[1] + 11) % MOD, r[2] - 1, r[3])
+    _, v, n, _ = fields(r)
+    return put(r, (F_VALUE, (v + 11) % MOD), (F_ROUNDS, n - 1))
 
 
 def again(r: Record) -> bool:
-    return r[2] > 0
+    return get(r, F_ROUNDS) > 0
 
 
 def done(r: Record) -> bool:
-    return r[2] <= 0
+    return get(r, F_ROUNDS) <= 0
 
 
-def count_records(r: Record, s: int | None) -> tuple[Record, int]:
+Count = int | dict[str, int] | list[int]
+
+
+def count_records(r: Record, s: Count | None) -> tuple[Record, Count]:
     """Keyed state inside the loop: how many records of the key passed. The
-    output does not depend on the state, so arrival order does not matter."""
+    output does not depend on the state, so arrival order does not matter.
+    With a dict or list record the state is a dict or list, changed in place."""
+    if isinstance(r, dict):
+        if s is None:
+            s = {"n": 0}
+        assert isinstance(s, dict)
+        s["n"] += 1
+        return r, s
+    if isinstance(r, list):
+        if s is None:
+            s = [0]
+        assert isinstance(s, list)
+        s[0] += 1
+        return r, s
+    assert s is None or isinstance(s, int)
     return r, (s or 0) + 1
 
 
-def weight_of_key(r: Any) -> int:
-    return r[0] % 5 + 1
+def weight_of_key(r: Record) -> int:
+    return key_of(r) % 5 + 1
 
 
-def key_and_value(r: Record) -> tuple[int, int]:
-    return (r[0], r[1])
+def key_and_value(r: Record) -> Record:
+    """A new record: the feedback filter reads the same object."""
+    k, v = key_of(r), get(r, F_VALUE)
+    if isinstance(r, dict):
+        return {"k": k, "v": v}
+    return [k, v] if isinstance(r, list) else (k, v)
 
 
 def inner_again(r: Record) -> bool:
-    return r[3] > 0
+    return get(r, F_INNER) > 0
 
 
 def inner_done(r: Record) -> bool:
-    return r[3] <= 0
+    return get(r, F_INNER) <= 0
 
 
 def inner_step(r: Record) -> Record:
-    return (r[0], (r[1] * 5 + 3) % MOD, r[2], r[3] - 1)
+    _, v, _, i = fields(r)
+    return put(r, (F_VALUE, (v * 5 + 3) % MOD), (F_INNER, i - 1))
 
 
 def make_enter_inner(rounds: int) -> Callable[[Record], Record]:
     def enter_inner(r: Record) -> Record:
-        return (r[0], r[1], r[2], 1 + (r[0] + r[1] + r[2]) % rounds)
+        k, v, n, _ = fields(r)
+        return put(r, (F_INNER, 1 + (k + v + n) % rounds))
     return enter_inner
 
 
@@ -276,15 +379,20 @@ class _Restarts(logging.Handler):
             self.messages.append(msg)
 
 
-def read_parts(folder: Path) -> list[Any]:
+def read_json_parts(folder: Path) -> list[Any]:
+    """The records committed to a ``FileSink`` folder, as JSON decodes them."""
     out: list[Any] = []
     if not folder.exists():
         return out
     for name in sorted(os.listdir(folder)):
         if name.startswith("part-"):
             with open(folder / name, encoding="utf-8") as f:
-                out.extend(tuple(json.loads(line)) for line in f)
+                out.extend(json.loads(line) for line in f)
     return out
+
+
+def read_parts(folder: Path) -> list[Any]:
+    return [tuple(r) for r in read_json_parts(folder)]
 
 
 def backedge_records_of(meta: dict[str, Any], head: str) -> int:
@@ -335,6 +443,7 @@ class Case:
     fail_while_logging: bool
     fault_point: str | None
     fault_after: int
+    shape: str = "tuple"  # of the records: tuple | dict | list (changed in place)
 
 
 PAR = st.sampled_from([0, 0, 1, 2, 3])
@@ -383,13 +492,17 @@ def cases(draw: st.DrawFn, modes: tuple[str, ...]) -> Case:
         fail_while_logging=fail_while_logging,
         fault_point=fault_point,
         fault_after=draw(st.integers(0, 6)),
+        shape=draw(st.sampled_from(SHAPES)),
     )
 
 
 class LaggingSource(ef.Source):
     """Two splits of a list of records (even and odd indexes), four records
     a read; split 1 pauses five times longer per read than split 0, like a
-    lagging partition: its barriers reach the loop later than split 0's."""
+    lagging partition: its barriers reach the loop later than split 0's.
+    Like any replayable source it hands out new copies of its records: the
+    loop changes dict and list records in place, and a replay from a
+    position must read them as they were."""
 
     def __init__(self, records: list[Any]) -> None:
         self.records = records
@@ -409,7 +522,7 @@ class _LaggingReader(ef.SourceReader):
         if self.pos >= len(self.items):
             return None
         await asyncio.sleep(self.delay)
-        out = self.items[self.pos:self.pos + 4]
+        out = copy.deepcopy(self.items[self.pos:self.pos + 4])
         self.pos += len(out)
         return out
 
@@ -430,7 +543,9 @@ def build(env: ef.StreamEnvironment, case: Case, sink: ef.Sink, *,
           failing: Callable[[Any], Any], logging_failure: Callable[[Any], Any],
           pace: Callable[[Any], Any], loop_pace: Callable[[Any], Any]) -> Built:
     out = Built()
-    records = [(i % case.n_keys, (i * 7919) % 10_007, 1 + (i * 31) % case.max_rounds, 0)
+    # New objects for every run: the loop changes them in place.
+    records = [make(case.shape, i % case.n_keys, (i * 7919) % 10_007,
+                    1 + (i * 31) % case.max_rounds, 0)
                for i in range(case.n_records)]
     if case.lagging_source:
         sp = 2
@@ -443,6 +558,7 @@ def build(env: ef.StreamEnvironment, case: Case, sink: ef.Sink, *,
     loop = ds.iterate().name("head").set_parallelism(hp)
     out.heads.append("head")
     current = hp
+    mutable = case.shape != "tuple"
     ds = loop.map(loop_pace).name("loop-pace")  # chained to the head
 
     def par(p: int) -> int:
@@ -471,7 +587,7 @@ def build(env: ef.StreamEnvironment, case: Case, sink: ef.Sink, *,
             ds = ds.map(logging_failure).name("failing-while-logging").set_parallelism(par(p))
         elif kind == "keyed":
             uid = f"state{i}"
-            ds = ds.key_by(key0).map_with_state(count_records).name(uid).set_parallelism(par(p))
+            ds = ds.key_by(key_of).map_with_state(count_records).name(uid).set_parallelism(par(p))
             out.keyed_uids.append(uid)
         else:
             assert kind == "inner"
@@ -481,11 +597,17 @@ def build(env: ef.StreamEnvironment, case: Case, sink: ef.Sink, *,
             out.heads.append(f"inner{i}")
             stepped = inner.map(inner_step).set_parallelism(ip)
             back = stepped.filter(inner_again).set_parallelism(ip)
-            inner.close_with(back.key_by(key0) if case.inner_keyed else back)
+            if mutable:
+                back = back.map(copy_record).set_parallelism(ip)
+            inner.close_with(back.key_by(key_of) if case.inner_keyed else back)
             ds = stepped.filter(inner_done).set_parallelism(ip)
+            if mutable:
+                ds = ds.map(copy_record).set_parallelism(ip)
     feedback = ds.filter(again).set_parallelism(current)
+    if mutable:
+        feedback = feedback.map(copy_record).set_parallelism(current)
     if case.feedback == "keyed":
-        loop.close_with(feedback.key_by(key0))
+        loop.close_with(feedback.key_by(key_of))
     elif case.feedback == "rebalance":
         loop.close_with(feedback.rebalance())
     else:
@@ -493,10 +615,10 @@ def build(env: ef.StreamEnvironment, case: Case, sink: ef.Sink, *,
     exit_ = ds.filter(done).set_parallelism(current)
     ap = case.after_parallelism
     if case.after == "count":
-        exit_ = exit_.key_by(key0).count().name("after").set_parallelism(ap)
+        exit_ = exit_.key_by(key_of).count().name("after").set_parallelism(ap)
         out.keyed_uids.append("after")
     elif case.after == "sum":
-        exit_ = exit_.key_by(key0).sum(weight_of_key).name("after").set_parallelism(ap)
+        exit_ = exit_.key_by(key_of).sum(weight_of_key).name("after").set_parallelism(ap)
         out.keyed_uids.append("after")
     else:
         exit_ = exit_.map(key_and_value).set_parallelism(ap)
@@ -513,6 +635,7 @@ class Stats:
     restores_reinjecting: int = 0  # restores that re-injected logged records
     fault_fired: int = 0
     logging_failures: int = 0
+    mutable_failed: int = 0  # examples with dict or list records that failed
 
 
 def check_case(case: Case, workdir: Path, stats: Stats, spy: Spy) -> None:
@@ -525,7 +648,7 @@ def check_case(case: Case, workdir: Path, stats: Stats, spy: Spy) -> None:
     ref_built = build(env, case, ref_sink, failing=identity, logging_failure=identity,
                       pace=identity, loop_pace=identity)
     ref = watched(env.execute_async("reference"), PROPERTY_TIMEOUT)
-    reference = list(ref_sink.results)
+    reference = [canon(r) for r in ref_sink.results]
     through_failing = ref.records_in.get("failing", 0)
 
     # The checked run.
@@ -571,6 +694,7 @@ def check_case(case: Case, workdir: Path, stats: Stats, spy: Spy) -> None:
         assert failing.failures >= 1
         assert result.restarts >= 1
     stats.failed += result.restarts >= 1
+    stats.mutable_failed += result.restarts >= 1 and case.shape != "tuple"
     stats.checkpoints += len(result.completed_checkpoints)
     stats.logged_checkpoints += len(logged)
     stats.restores_reinjecting += len(reinjecting)
@@ -581,13 +705,13 @@ def check_case(case: Case, workdir: Path, stats: Stats, spy: Spy) -> None:
 
     # The output: exactly the reference's, as a multiset.
     if case.file_sink:
-        got = read_parts(workdir / "out")
+        got = [canon(r) for r in read_json_parts(workdir / "out")]
         leftovers = [n for n in os.listdir(workdir / "out") if not n.startswith("part-")] \
             if (workdir / "out").exists() else []
         assert leftovers == [], f"uncommitted files left behind: {leftovers}"
     else:
         assert isinstance(sink, ef.ListSink)
-        got = list(sink.results)
+        got = [canon(r) for r in sink.results]
     want_c, got_c = Counter(reference), Counter(got)
     lost, dup = want_c - got_c, got_c - want_c
     assert not lost and not dup, (
@@ -596,11 +720,13 @@ def check_case(case: Case, workdir: Path, stats: Stats, spy: Spy) -> None:
 
     # The final keyed state.
     for uid in built.keyed_uids:
-        want, have = ref.state(uid), result.state(uid)
+        want = {k: canon(v) for k, v in ref.state(uid).items()}
+        have = {k: canon(v) for k, v in result.state(uid).items()}
         assert have == want, f"{uid}: final state differs from the failure-free run"
 
 
-def run_property(tmp_path: Path, spy: Spy, examples: int, modes: tuple[str, ...]) -> Stats:
+def run_property(tmp_path: Path, spy: Spy, examples: int, modes: tuple[str, ...],
+                 min_mutable_failed: float) -> Stats:
     stats = Stats()
 
     # No shrinking: a hung example costs PROPERTY_TIMEOUT per attempt; the
@@ -614,6 +740,8 @@ def run_property(tmp_path: Path, spy: Spy, examples: int, modes: tuple[str, ...]
 
     prop()
     assert stats.failed >= 0.5 * stats.examples, stats
+    # Many of them with records and state that the loop changes in place.
+    assert stats.mutable_failed >= min_mutable_failed * stats.examples, stats
     assert stats.checkpoints >= stats.examples, stats
     return stats
 
@@ -622,14 +750,14 @@ MODES = ("exactly_once", "synchronous")
 
 
 def test_loops_survive_random_failures(tmp_path: Path, spy: Spy) -> None:
-    stats = run_property(tmp_path, spy, examples=20, modes=MODES)
+    stats = run_property(tmp_path, spy, examples=20, modes=MODES, min_mutable_failed=0.15)
     # The runs did checkpoint loops with records in flight.
     assert stats.logged_checkpoints >= 1, stats
 
 
 @pytest.mark.slow
 def test_loops_survive_random_failures_soak(tmp_path: Path, spy: Spy) -> None:
-    stats = run_property(tmp_path, spy, examples=200, modes=MODES)
+    stats = run_property(tmp_path, spy, examples=200, modes=MODES, min_mutable_failed=0.3)
     assert stats.logged_checkpoints >= 0.2 * stats.examples, stats
     assert stats.restores_reinjecting >= 0.05 * stats.examples, stats
     assert stats.logging_failures >= 0.1 * stats.examples, stats
