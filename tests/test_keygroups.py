@@ -34,6 +34,7 @@ from eddyflow.keygroups import (
     check_key,
     key_group_for,
     key_group_range,
+    key_groups_of,
     stable_hash,
     subtask_for_key_group,
 )
@@ -395,3 +396,16 @@ def test_runpy_entry_does_not_collide_with_module_import() -> None:
     # Sanity check of the helper the subprocess tests rely on.
     ns = runpy.run_path(THIS_FILE)
     assert ns["key_table"](["a"]) == key_table(["a"])
+
+
+@given(st.lists(st.one_of(st.text(), st.integers(), st.tuples(st.text(), st.integers()),
+                          st.none(), st.floats(allow_nan=False))),
+       st.integers(1, 4096))
+def test_key_groups_of_equals_key_group_for_each_key(keys: list[Any], mp: int) -> None:
+    assert key_groups_of(keys, mp) == [key_group_for(k, mp) for k in keys]
+
+
+@given(st.lists(st.text(), min_size=1), st.integers(1, 4096))
+def test_key_groups_of_string_keys_takes_the_fast_path_exactly(keys: list[str], mp: int) -> None:
+    keys.append("\udcff lone surrogate")
+    assert key_groups_of(keys, mp) == [key_group_for(k, mp) for k in keys]

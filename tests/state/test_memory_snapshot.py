@@ -64,8 +64,8 @@ def read(root: Path, handle: KeyedStateHandle, groups: range = range(MP)
     """The state a chain restores (optionally: of some key groups only)."""
     tables: dict[str, dict[Any, Any]] = {}
     for f in handle.files:
-        apply_entries(tables, ((name, k, v) for _, name, k, v in
-                               read_key_groups(str(root), f.handle.path, f.index, groups)))
+        apply_entries(tables, ((name, k, v) for _, name, k, v in f.entries(
+            str(root), key_groups=groups, owner=handle.key_groups, max_parallelism=MP)))
     return {name: t for name, t in tables.items() if t}
 
 
@@ -96,14 +96,22 @@ def test_full_then_deltas_restore_exactly(tmp_path: Path) -> None:
 def test_chain_is_cut_after_max_chain_deltas(tmp_path: Path) -> None:
     b = make(MemoryStateBackend(max_chain=2))
     v = ValueState(b, "s")
+    for k in range(100):
+        b.current_key = k
+        v.value = 0
     kinds = []
     for n in range(1, 8):
         b.current_key = n
         v.value = n
         h = snap(b, tmp_path, n)
         kinds.append([f.full for f in h.files])
-        assert read(tmp_path, h) == {"s": {k: k for k in range(1, n + 1)}}
+        assert read(tmp_path, h) == {"s": {k: k if 1 <= k <= n else 0 for k in range(100)}}
     assert kinds[:4] == [[True], [True, False], [True, False, False], [True]]
+    # Most keys written since the last snapshot: a full one (cheaper to write).
+    for k in range(60):
+        b.current_key = k
+        v.value = -k
+    assert [f.full for f in snap(b, tmp_path, 8).files] == [True]
     full = make(MemoryStateBackend(incremental=False))
     w = ValueState(full, "s")
     for n in range(1, 4):
@@ -115,6 +123,9 @@ def test_chain_is_cut_after_max_chain_deltas(tmp_path: Path) -> None:
 def test_changes_of_an_aborted_checkpoint_go_into_the_next_delta(tmp_path: Path) -> None:
     b = make()
     v = ValueState(b, "s")
+    for k in range(100):
+        b.current_key = k
+        v.value = k
     b.current_key = "a"
     v.value = 1
     snap(b, tmp_path, 1)
@@ -127,7 +138,7 @@ def test_changes_of_an_aborted_checkpoint_go_into_the_next_delta(tmp_path: Path)
     h3 = snap(b, tmp_path, 3)
     # Built on checkpoint 1's chain, not on the aborted 2's file.
     assert h2.files[1] not in h3.files and len(h3.files) == 2
-    assert read(tmp_path, h3) == {"s": {"a": 1, "b": 2, "c": 3}}
+    assert read(tmp_path, h3) == {"s": {"a": 1, "b": 2, "c": 3} | {k: k for k in range(100)}}
 
 
 @pytest.mark.parametrize("kind", ["value", "list", "map", "reducing"])
@@ -244,19 +255,35 @@ def test_damaged_and_truncated_frames_raise_checkpoint_corrupted(tmp_path: Path)
         v.value = i
     f = snap(b, tmp_path, 1).files[0]
     path = tmp_path / f.handle.path
-    kg, (offset, length) = next(iter(f.index.items()))
-    data = bytearray(path.read_bytes())
-    data[offset + 8: offset + length] = b"\x00" * (length - 8)
-    path.write_bytes(bytes(data))
+
+    def read_all() -> list[Any]:
+        return list(f.entries(str(tmp_path), max_parallelism=MP, with_groups=True))
+
+    assert len(read_all()) == 50
+    data = path.read_bytes()
+    offset, length = f.index["0"]
+    path.write_bytes(data[:offset + 8] + b"\x00" * (length - 8) + data[offset + length:])
     with pytest.raises(CheckpointCorrupted):
-        list(read_key_groups(str(tmp_path), f.handle.path, f.index, [int(kg)]))
-    last = max(f.index, key=lambda k: f.index[k][0])
-    path.write_bytes(path.read_bytes()[: f.index[last][0] + 3])
+        read_all()
+    path.write_bytes(data[: offset + 3])
     with pytest.raises(CheckpointCorrupted, match="truncated"):
-        list(read_key_groups(str(tmp_path), f.handle.path, f.index, [int(last)]))
+        read_all()
     os.unlink(path)
     with pytest.raises(CheckpointCorrupted, match="unreadable"):
-        list(read_key_groups(str(tmp_path), f.handle.path, f.index, [int(last)]))
+        read_all()
+
+
+def test_a_grouped_file_is_read_by_key_group(tmp_path: Path) -> None:
+    """Files written by frame per key group (earlier checkpoints, the
+    offline tools) read only the wanted key groups' frames."""
+    from eddyflow.state.format import encode_frames
+
+    entries = {_kg(k): [("s", [k], [i], [])] for i, k in enumerate(["a", "b", "c", "d"])}
+    chunks, index = encode_frames(entries)
+    (tmp_path / "f").write_bytes(b"".join(chunks))
+    some = range(0, 64)
+    got = list(read_key_groups(str(tmp_path), "f", index, some))
+    assert sorted(k for _, _, k, _ in got) == sorted(k for k in "abcd" if _kg(k) in some)
 
 
 def test_frames_of_earlier_formats_are_still_read() -> None:

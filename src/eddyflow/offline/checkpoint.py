@@ -18,7 +18,7 @@ from typing import Any
 
 from eddyflow.backedge.log import decode_backedge_log
 from eddyflow.state.abc import KeyedStateHandle, StateFile
-from eddyflow.state.format import DELETED, decode_frame
+from eddyflow.state.format import DELETED
 from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage, FileHandle
 
 __all__ = ["CheckpointRef", "KeyedFile", "keyed_files", "open_checkpoint", "read_keyed_file",
@@ -79,6 +79,7 @@ class KeyedFile:
     subtask: int
     files: tuple[StateFile, ...]
     kinds: dict[str, str]
+    max_parallelism: int = 0
 
 
 def keyed_files(ref: CheckpointRef, operator: str | None = None) -> list[KeyedFile]:
@@ -95,7 +96,8 @@ def keyed_files(ref: CheckpointRef, operator: str | None = None) -> list[KeyedFi
             keyed = part.get("keyed")
             if keyed is not None:
                 handle = KeyedStateHandle.from_json(keyed)
-                out.append(KeyedFile(ref.root, uid, int(s), handle.files, dict(handle.kinds)))
+                out.append(KeyedFile(ref.root, uid, int(s), handle.files, dict(handle.kinds),
+                                     int(ref.meta.get("max_parallelism", 0))))
     return out
 
 
@@ -105,16 +107,14 @@ def read_keyed_file(kf: KeyedFile) -> Iterator[tuple[int, str, Any, Any]]:
     storage = CheckpointStorage(kf.root)
     state: dict[str, dict[Any, tuple[int, Any]]] = {}
     for f in kf.files:
-        data = storage.read_verified(f.handle)
-        path = os.path.join(kf.root, f.handle.path)
-        for kg_text, (offset, length) in sorted(f.index.items(), key=lambda kv: int(kv[0])):
-            kg = int(kg_text)
-            for name, key, value in decode_frame(data[offset:offset + length], kg, path, offset):
-                table = state.setdefault(name, {})
-                if value is DELETED:
-                    table.pop(key, None)
-                else:
-                    table[key] = (kg, value)
+        storage.verify_file(f.handle)
+        for kg, name, key, value in f.entries(kf.root, max_parallelism=kf.max_parallelism,
+                                              with_groups=True):
+            table = state.setdefault(name, {})
+            if value is DELETED:
+                table.pop(key, None)
+            else:
+                table[key] = (kg, value)
     for name, table in state.items():
         for key, (kg, value) in table.items():
             yield kg, name, key, value

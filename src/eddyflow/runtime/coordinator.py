@@ -223,6 +223,12 @@ class CheckpointCoordinator:
             # periodic one, so that a restore after the job finished resumes
             # from the end, not from a checkpoint whose output was replayed.
             self._stopped = True
+            p = self._pending
+            if p is not None and p.id not in self._completing:
+                # It would write (nearly) what the final one writes, and the
+                # final one commits its transactions too: its snapshots'
+                # work is only in the way of the end of the job.
+                self._abort(p, "subsumed by the final checkpoint", logging.INFO)
             n = self._next_id
             self._next_id += 1
             final = self._final = _Pending(n, time.time(), time.monotonic(), final=True)
@@ -301,10 +307,10 @@ class CheckpointCoordinator:
     def is_aborted(self, checkpoint_id: int) -> bool:
         return checkpoint_id in self.aborted
 
-    def _abort(self, p: _Pending, reason: str) -> None:
+    def _abort(self, p: _Pending, reason: str, level: int = logging.WARNING) -> None:
         if p.id in self._completing:
             return  # acknowledged by every task: it completes, whatever the clock says
-        log.warning("checkpoint %d aborted: %s", p.id, reason)
+        log.log(level, "checkpoint %d aborted: %s", p.id, reason)
         if self._pending is p:
             self._pending = None
         self.aborted.append(p.id)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,8 +52,7 @@ __all__ = [
 _MISSING: Any = object()
 
 
-def _ignore(key: Any, value: Any) -> None:
-    """Where nothing records changes (no checkpointing)."""
+_key_of = operator.itemgetter(0)
 
 
 @dataclass(frozen=True)
@@ -255,10 +255,10 @@ class _Keyed(Operator):
 
     def _record(self, out: list[tuple[Any, Any]]) -> None:
         """Record the keys of ``(key, new value)`` outputs as written: one
-        ``dict.update`` at C speed per batch."""
-        written = self.changes.keys
-        if written is not None:
-            written.update(out)
+        list built at C speed per batch (see ``Changes``)."""
+        changes = self.changes
+        if changes.keys is not None and out:
+            changes.add_batch(list(map(_key_of, out)))
 
     def __init__(self, ctx: OperatorContext, key_fn: Callable[[Any], Any]) -> None:
         super().__init__(ctx)
@@ -411,12 +411,14 @@ class _MapWithState(_Keyed):
         out: list[Any] = []
         append = out.append
         k: Any = None
-        written = self.changes.keys
-        mark = written.__setitem__ if written is not None else _ignore
+        # Keys are recorded before fn runs: it may change the old state in
+        # place, and then fail.
+        seen: list[Any] = []
+        mark = seen.append
         try:
             for r in batch:
                 k = kf(r)
-                mark(k, None)  # before fn: it may change the old state in place, and fail
+                mark(k)
                 old = get(k)
                 if old is None:
                     check_key(k)
@@ -435,6 +437,9 @@ class _MapWithState(_Keyed):
         except Exception as exc:
             self._failed(batch, len(out), exc, k)
             raise
+        finally:
+            if seen and self.changes.keys is not None:
+                self.changes.add_batch(seen)
         return out
 
 

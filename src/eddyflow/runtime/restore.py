@@ -12,7 +12,6 @@ from typing import Any
 from eddyflow.backedge.log import read_backedge_log
 from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.state.abc import KeyedStateHandle
-from eddyflow.state.format import read_key_groups
 from eddyflow.state.storage import CheckpointStorage, FileHandle
 
 __all__ = ["RestoredCheckpoint"]
@@ -93,12 +92,14 @@ class RestoredCheckpoint:
                 continue  # none of its key groups is ours
             handles.append(handle)
         root = self.storage.root
+        mp = int(self.meta.get("max_parallelism", 0))
 
         def entries() -> Iterator[tuple[str, Any, Any]]:
             for handle in handles:
+                owner = handle.key_groups if len(handle.key_groups) else None
                 for f in handle.files:
-                    for _, name, key, value in read_key_groups(root, f.handle.path, f.index,
-                                                               key_groups):
+                    for _, name, key, value in f.entries(root, key_groups=key_groups,
+                                                         owner=owner, max_parallelism=mp):
                         yield name, key, value
 
         return kinds, entries()

@@ -158,6 +158,7 @@ class Task:
         self._dirty_since = 0.0
         self.finished = False
         self._closed = False
+        self._snapshots: dict[int, dict[str, OperatorSnapshot | None]] = {}
 
     # -- the chain ---------------------------------------------------------
 
@@ -617,6 +618,9 @@ class Task:
             self._trigger = None
         if self._backlog is not None and self._backlog.checkpoint_id == checkpoint_id:
             self._backlog = None
+        snaps = self._snapshots.pop(checkpoint_id, None)
+        if snaps is not None:
+            self._cancel_snapshots(snaps)
         for op in self.operators:
             op.notify_checkpoint_aborted(checkpoint_id)
         if self._early.pop(checkpoint_id, None) and self.gate is not None:
@@ -728,13 +732,17 @@ class Task:
         storage = coordinator.storage
         target = None if storage is None else SnapshotTarget(
             storage, n, coordinator.run_id, self.subtask)
-        return {op.uid: op.snapshot(n, target) for op in self.operators}
+        snaps = {op.uid: op.snapshot(n, target) for op in self.operators}
+        # Until written: an abort stops their work (a forked child, say).
+        self._snapshots[n] = snaps
+        return snaps
 
     async def _write_and_ack(self, n: int, snaps: dict[str, OperatorSnapshot | None],
                              position: Any, alignment: float, sync_duration: float,
                              backlog: BackEdgeRecords | None = None) -> None:
         try:
             await self._write_and_ack_now(n, snaps, position, alignment, sync_duration, backlog)
+            self._snapshots.pop(n, None)
         except OSError:
             self._cancel_snapshots(snaps)
             coordinator = self.coordinator

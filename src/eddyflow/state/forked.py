@@ -59,14 +59,17 @@ class ChildWork:
         self._fd = fd
         self._result = result
         self._error = error
+        self._reading = False
 
     async def result(self) -> Any:
         """``fn``'s return value; ``OSError`` if it raised (its message says
         what) or the child died."""
         if self._fd is not None:
+            self._reading = True
             try:
                 data = await _read_all(self._fd)
             finally:
+                self._reading = False
                 self._reap()
             try:
                 status, value = pickle.loads(data)
@@ -81,11 +84,13 @@ class ChildWork:
         return self._result
 
     def cancel(self) -> None:
-        """Stop the child (if it still runs) and reap it."""
+        """Stop the child (if it still runs) and reap it; if :meth:`result`
+        is waiting for it, that wait ends with an ``OSError`` and reaps."""
         if self._pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self._pid, signal.SIGKILL)
-        self._reap()
+        if not self._reading:
+            self._reap()
 
     def _reap(self) -> None:
         fd, self._fd = self._fd, None
@@ -96,11 +101,33 @@ class ChildWork:
         if pid is not None:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
+            _unfreeze()
 
     def __del__(self) -> None:
         # A snapshot dropped unawaited (its job failed): no zombie, no fd.
         if self._pid is not None or self._fd is not None:
             self.cancel()
+
+
+_children = 0
+
+
+def _freeze() -> None:
+    """While a child lives, the parent's collector leaves the objects that
+    existed at the fork alone: a full collection writes into the header of
+    every container it visits, and each page it writes to is copied for the
+    child's sake (Instagram's reason for ``gc.freeze``)."""
+    global _children
+    if _children == 0:
+        gc.freeze()
+    _children += 1
+
+
+def _unfreeze() -> None:
+    global _children
+    _children -= 1
+    if _children == 0:
+        gc.unfreeze()
 
 
 def start(fn: Callable[[], Any]) -> ChildWork:
@@ -116,6 +143,8 @@ def start(fn: Callable[[], Any]) -> ChildWork:
         # Python 3.12+ warns about fork() with threads: the child runs only fn.
         warnings.simplefilter("ignore", DeprecationWarning)
         pid = os.fork()
+    if pid != 0:
+        _freeze()
     if pid == 0:  # the child
         try:
             os.close(read_fd)

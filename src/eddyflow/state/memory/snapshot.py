@@ -27,12 +27,12 @@ its full file, bounding both restore time and the bytes kept on disk.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from eddyflow.keygroups import key_group_for
 from eddyflow.state import forked
 from eddyflow.state._writer_main import write_durably
 from eddyflow.state.abc import (
@@ -41,8 +41,9 @@ from eddyflow.state.abc import (
     KeyedStateHandle,
     SnapshotTarget,
     StateFile,
+    Written,
 )
-from eddyflow.state.format import Columns, encode_frames
+from eddyflow.state.format import encode_chunks
 from eddyflow.state.storage import FileHandle
 
 if TYPE_CHECKING:
@@ -54,6 +55,9 @@ __all__ = ["ChainPolicy", "MemorySnapshotStrategy", "shared_file_name"]
 #: (measured: ~1 ms), above it by a forked child (a fork costs ~3.5 ms at 185
 #: MB of heap, and more as the heap grows).
 _INLINE = 5000
+#: A snapshot is full when the keys written since the last one are at least
+#: this fraction of the entries.
+_FULL_ABOVE = 0.5
 #: Below this size a full file is "small": deltas over it do not cut the chain
 #: by the ratio rule alone (a growing state would write a full every time).
 _SMALL = 1 << 20
@@ -94,30 +98,43 @@ class MemorySnapshotStrategy:
         self.policy = policy
         self._confirmed: _Chain | None = None
         self._pending: dict[int, _Chain] = {}
-        # Keys written since the confirmed chain, per snapshot taken since:
-        # a delta writes them all, so a chain never needs an unconfirmed file.
-        self._unconfirmed: list[tuple[int, dict[str, dict[Any, Any]]]] = []
+        # Keys written since the confirmed chain, per snapshot taken since
+        # (with how many): a delta writes them all, so a chain never needs an
+        # unconfirmed file.
+        self._unconfirmed: list[tuple[int, dict[str, Written], int]] = []
 
     def snapshot(self, target: SnapshotTarget, tables: dict[str, dict[Any, Any]],
                  changes: Mapping[str, Changes]) -> KeyedSnapshot:
+        sizes = {name: len(ch) for name, ch in changes.items()}
         written = {name: ch.take() for name, ch in changes.items()}
-        self._unconfirmed.append((target.checkpoint_id, written))
+        self._unconfirmed.append((target.checkpoint_id, written, sum(sizes.values())))
         base = self._confirmed
         full = base is None or base.cut(self.policy)
         backend = self.backend
         kinds = backend.kinds
         entries = sum(map(len, tables.values()))
-        if full:
-            key_sets: list[dict[str, dict[Any, Any]]] = []
-        else:
-            key_sets = [w for _, w in self._unconfirmed]
-            if not any(any(w.values()) for w in key_sets):
+        key_sets: list[dict[str, Written]] = []
+        size = entries
+        if not full:
+            # Keys recorded since the confirmed chain (a key written twice
+            # counts twice: an upper bound of what a delta would hold).
+            changed = sum(n for _, _, n in self._unconfirmed)
+            if not changed:
                 # Nothing changed since the confirmed chain: it is this snapshot.
                 assert base is not None
                 return _Snapshot(self, target, kinds, entries, None, base, full=False)
+            if changed < _FULL_ABOVE * entries:
+                key_sets = [w for _, w, _ in self._unconfirmed]
+                size = changed
+            else:
+                # A delta of most keys costs more than everything: its keys
+                # are looked up one by one, in the order they were written
+                # (a cache miss each: measured 2.5 s for 730k of 1M keys),
+                # where a full snapshot copies the table's arrays in order
+                # (0.6 s for all 1M), and its bytes are nearly as many.
+                full = True
         rel = shared_file_name(target, backend.operator, full)
         mp = backend.max_parallelism
-        size = entries if full else sum(len(w) for ws in key_sets for w in ws.values())
         if size <= _INLINE or not forked.ENABLED:
             # Small: serialised here, at the barrier (a fork would cost more),
             # and written by the job's writer process while records flow.
@@ -137,7 +154,7 @@ class MemorySnapshotStrategy:
             return  # not one of this backend's snapshots (taken before a restore)
         self._confirmed = chain
         self._pending = {n: c for n, c in self._pending.items() if n > checkpoint_id}
-        self._unconfirmed = [(n, w) for n, w in self._unconfirmed if n > checkpoint_id]
+        self._unconfirmed = [u for u in self._unconfirmed if u[0] > checkpoint_id]
 
     def abort(self, checkpoint_id: int) -> None:
         # Its keys stay in _unconfirmed: the next delta writes them again.
@@ -177,7 +194,8 @@ class _Snapshot(KeyedSnapshot):
             self.work = None
         if written is not None:
             path, size, sha, index = written
-            files = (*files, StateFile(FileHandle(path, size, sha), index, self.full))
+            files = (*files, StateFile(FileHandle(path, size, sha), index, self.full,
+                                       grouped=False))
             new = frozenset({path})
             if self.full:
                 base_bytes = size
@@ -195,11 +213,12 @@ class _Snapshot(KeyedSnapshot):
 
 
 _Encoded = tuple[list[bytes], dict[str, tuple[int, int]]]
+_ABSENT: Any = object()
 _Written = tuple[str, int, str, dict[str, tuple[int, int]]]
 
 
 def _write_file(path: str, rel: str, tables: dict[str, dict[Any, Any]],
-                key_sets: list[dict[str, dict[Any, Any]]], full: bool,
+                key_sets: list[dict[str, Written]], full: bool,
                 max_parallelism: int) -> _Written | None:
     """The forked child's work: encode (see :func:`_encode`) and write the
     file durably. ``None`` when there is nothing to write."""
@@ -211,67 +230,59 @@ def _write_file(path: str, rel: str, tables: dict[str, dict[Any, Any]],
     return rel, int(done["size"]), str(done["sha256"]), index
 
 
-def _encode(tables: dict[str, dict[Any, Any]], key_sets: list[dict[str, dict[Any, Any]]],
+def _encode(tables: dict[str, dict[Any, Any]], key_sets: list[dict[str, Written]],
             full: bool, max_parallelism: int) -> _Encoded | None:
-    """A snapshot's frames: every entry of ``tables`` (``full``), or the
-    entries of the keys in ``key_sets`` (written: their value; gone:
-    deleted). ``None`` when there is nothing to write."""
-    columns: Columns = {}
-    absent = object()
+    """A snapshot's frames (ungrouped: see ``state/format.py``): every entry
+    of ``tables`` (``full``), or the entries of the keys in ``key_sets``
+    (written: their value; gone: deleted). ``None`` when there is nothing
+    to write."""
+    columns: list[tuple[str, list[Any], list[Any], list[Any]]] = []
     for name, table in tables.items():
         if full:
-            items = table.items()
-            deleted: list[Any] = []
-        else:
-            keys: dict[Any, Any] = {}
-            for written in key_sets:
-                w = written.get(name)
-                if w:
-                    keys.update(w)
-            get = table.get
-            items_list = []
-            deleted = []
-            for k in keys:
-                v = get(k, absent)
-                if v is absent:
+            if table:
+                columns.append((name, list(table), list(table.values()), []))
+            continue
+        keys: dict[Any, Any] = {}
+        for written in key_sets:
+            w = written.get(name)
+            if w is not None:
+                one_by_one, batches = w
+                keys.update(one_by_one)
+                keys.update(dict.fromkeys(itertools.chain.from_iterable(batches)))
+        if not keys:
+            continue
+        # One look-up per key (each a likely cache miss): the value, or absent.
+        values = list(map(table.get, keys, itertools.repeat(_ABSENT)))
+        # (By identity: a value's own __eq__ is not to be trusted.)
+        if id(_ABSENT) in map(id, values):
+            present, kept, deleted = [], [], []
+            for k, v in zip(keys, values, strict=True):
+                if v is _ABSENT:
                     deleted.append(k)
                 else:
-                    items_list.append((k, v))
-            items = items_list  # type: ignore[assignment]
-        by_group: dict[int, tuple[list[Any], list[Any], list[Any]]] = {}
-        for k, v in items:
-            kg = key_group_for(k, max_parallelism)
-            cols = by_group.get(kg)
-            if cols is None:
-                cols = by_group[kg] = ([], [], [])
-            cols[0].append(k)
-            cols[1].append(v)
-        for k in deleted:
-            kg = key_group_for(k, max_parallelism)
-            cols = by_group.get(kg)
-            if cols is None:
-                cols = by_group[kg] = ([], [], [])
-            cols[2].append(k)
-        for kg, (ks, vs, ds) in by_group.items():
-            columns.setdefault(kg, []).append((name, ks, vs, ds))
+                    present.append(k)
+                    kept.append(v)
+            columns.append((name, present, kept, deleted))
+        else:
+            columns.append((name, list(keys), values, []))
     if not columns:
         return None
     try:
-        return encode_frames(columns)
+        return encode_chunks(columns)
     except Exception as exc:
         raise _unpicklable(exc, columns) from exc
 
 
-def _unpicklable(exc: Exception, columns: Columns) -> Exception:
+def _unpicklable(exc: Exception, columns: list[tuple[str, list[Any], list[Any], list[Any]]]
+                 ) -> Exception:
     """Name the state and key whose value cannot be written."""
     import pickle
 
-    for cols in columns.values():
-        for name, keys, values, _ in cols:
-            for k, v in zip(keys, values, strict=True):
-                try:
-                    pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL)
-                except Exception as inner:
-                    return TypeError(f"state '{name}' of key {k!r:.100}: value {v!r:.100} "
-                                     f"cannot be written to a checkpoint: {inner}")
+    for name, keys, values, _ in columns:
+        for k, v in zip(keys, values, strict=True):
+            try:
+                pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as inner:
+                return TypeError(f"state '{name}' of key {k!r:.100}: value {v!r:.100} "
+                                 f"cannot be written to a checkpoint: {inner}")
     return exc
