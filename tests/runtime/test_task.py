@@ -49,6 +49,7 @@ class StubCoordinator:
     synchronous = False
     plan = _Plan()
     run_id = "test"
+    all_finished = False
 
     def __init__(self, storage: CheckpointStorage) -> None:
         self.storage = storage

@@ -64,8 +64,10 @@ def read(root: Path, handle: KeyedStateHandle, groups: range = range(MP)
     """The state a chain restores (optionally: of some key groups only)."""
     tables: dict[str, dict[Any, Any]] = {}
     for f in handle.files:
-        apply_entries(tables, ((name, k, v) for _, name, k, v in f.entries(
-            str(root), key_groups=groups, owner=handle.key_groups, max_parallelism=MP)))
+        entries = f.entries(str(root), key_groups=groups, owner=handle.key_groups,
+                            max_parallelism=MP)
+        apply_entries(lambda name: tables.setdefault(name, {}),
+                      ((name, k, v) for _, name, k, v in entries))
     return {name: t for name, t in tables.items() if t}
 
 

@@ -235,6 +235,11 @@ class CheckpointCoordinator:
             for t in self.tasks:
                 self._spawn_final_ack(t, Barrier(final.id, final.trigger_time))
 
+    @property
+    def all_finished(self) -> bool:
+        """Every task has run its end of input (the final checkpoint is next)."""
+        return len(self._finished) == len(self.tasks)
+
     def stop(self) -> None:
         self._stopped = True
 

@@ -731,7 +731,8 @@ class Task:
         assert coordinator is not None
         storage = coordinator.storage
         target = None if storage is None else SnapshotTarget(
-            storage, n, coordinator.run_id, self.subtask)
+            storage, n, coordinator.run_id, self.subtask,
+            at_end=coordinator.all_finished)
         snaps = {op.uid: op.snapshot(n, target) for op in self.operators}
         # Until written: an abort stops their work (a forked child, say).
         self._snapshots[n] = snaps

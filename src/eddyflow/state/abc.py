@@ -171,6 +171,9 @@ class SnapshotTarget:
     checkpoint_id: int
     run_id: str
     subtask: int
+    #: Every task of the job has finished: nothing runs beside the snapshot
+    #: (a backend may do its work inline rather than beside the processing).
+    at_end: bool = False
 
     @property
     def root(self) -> str:
@@ -235,19 +238,11 @@ class KeyedStateBackend(ABC):
                 entries: Iterable[tuple[str, Any, Any]]) -> int:
         """Load ``(state, key, value)`` entries of a checkpoint's files in
         the order they apply (``DELETED`` values remove); returns how many."""
-        from eddyflow.state.format import DELETED
+        from eddyflow.state.format import apply_entries
 
         for name, kind in kinds.items():
             self.declare(name, kind)
-        n = 0
-        for name, key, value in entries:
-            table = self._table(name)
-            if value is DELETED:
-                table.pop(key, None)
-            else:
-                table[key] = value
-            n += 1
-        return n
+        return apply_entries(self._table, entries)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:  # noqa: B027
         """Checkpoint ``checkpoint_id`` is durable: what it wrote may be built on."""

@@ -24,7 +24,7 @@ import io
 import os
 import pickle
 import struct
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from eddyflow.keygroups import key_groups_of
@@ -207,15 +207,14 @@ def read_state_file(root: str, path: str, index: Mapping[str, Sequence[int]], gr
         raise CheckpointCorrupted(f"{full}: unreadable: {exc}") from exc
 
 
-def apply_entries(tables: dict[str, dict[Any, Any]],
+def apply_entries(table_of: Callable[[str], MutableMapping[Any, Any]],
                   entries: Iterable[tuple[str, Any, Any]]) -> int:
     """Apply ``(state, key, value)`` entries of a chain, file after file, to
-    ``tables``; :data:`DELETED` removes. Returns how many were applied."""
+    the tables ``table_of(state)`` gives; :data:`DELETED` removes. Returns
+    how many were applied."""
     n = 0
     for name, key, value in entries:
-        table = tables.get(name)
-        if table is None:
-            table = tables[name] = {}
+        table = table_of(name)
         if value is DELETED:
             table.pop(key, None)
         else:

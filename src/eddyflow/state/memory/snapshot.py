@@ -135,9 +135,10 @@ class MemorySnapshotStrategy:
                 full = True
         rel = shared_file_name(target, backend.operator, full)
         mp = backend.max_parallelism
-        if size <= _INLINE or not forked.ENABLED:
-            # Small: serialised here, at the barrier (a fork would cost more),
-            # and written by the job's writer process while records flow.
+        if size <= _INLINE or not forked.ENABLED or target.at_end:
+            # Small, or nothing else runs: serialised here, at the barrier (a
+            # fork would cost more, and its child would not run beside any
+            # processing), and written by the job's writer process.
             encoded = _encode(dict(tables), key_sets, full, mp)
             return _Snapshot(self, target, kinds, entries, None, None if full else base, full,
                              (rel, encoded))
