@@ -68,6 +68,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
+from pacing import Pace
 
 import eddyflow as ef
 from eddyflow.backedge import FeedbackChannel
@@ -248,23 +249,6 @@ def make_enter_inner(rounds: int) -> Callable[[Record], Record]:
         k, v, n, _ = fields(r)
         return put(r, (F_INNER, 1 + (k + v + n) % rounds))
     return enter_inner
-
-
-class Pace:
-    """Identity map sleeping ``seconds`` every ``every`` records: keeps the
-    source feeding the loop long enough for several checkpoints (checkpoints
-    stop once a source has finished)."""
-
-    def __init__(self, every: int, seconds: float = 0.001) -> None:
-        self.every = every
-        self.seconds = seconds
-        self.n = 0
-
-    def __call__(self, r: Any) -> Any:
-        self.n += 1
-        if self.n % self.every == 0:
-            time.sleep(self.seconds)
-        return r
 
 
 # -- seeing inside the runtime (test-only introspection) ---------------------------

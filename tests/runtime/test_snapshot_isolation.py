@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pacing import Pace
 
 import eddyflow as ef
 
@@ -53,23 +54,6 @@ KEYS = 7
 
 
 # -- helpers -------------------------------------------------------------------------
-
-
-class Pace:
-    """Identity map sleeping ``seconds`` every ``every`` records: keeps the
-    source feeding the job long enough for many checkpoints (checkpoints stop
-    once the sources have finished)."""
-
-    def __init__(self, every: int = 4, seconds: float = 0.001) -> None:
-        self.every = every
-        self.seconds = seconds
-        self.n = 0
-
-    def __call__(self, r: Any) -> Any:
-        self.n += 1
-        if self.n % self.every == 0:
-            time.sleep(self.seconds)
-        return r
 
 
 def identity(r: Any) -> Any:
