@@ -298,6 +298,22 @@ def test_frames_of_earlier_formats_are_still_read() -> None:
     body = pickle.dumps((5, "delta", [("count", ["a"], [1], ["b"])]))
     frame = struct.pack(">Q", len(body)) + body
     assert decode_frame(frame, 5, "new", 0) == [("count", "a", 1), ("count", "b", DELETED)]
+    body = pickle.dumps((-1, "table", "count", {"a": 1, "b": 2}))
+    frame = struct.pack(">Q", len(body)) + body
+    assert decode_frame(frame, -1, "new", 0) == [("count", "a", 1), ("count", "b", 2)]
+
+
+def test_full_snapshots_of_scalar_and_of_mutable_values_round_trip(tmp_path: Path) -> None:
+    """Scalar tables are written whole (a dict frame), others as columns."""
+    b = make()
+    counts, docs = ValueState(b, "counts"), ValueState(b, "docs")
+    for i in range(200):
+        b.current_key = ("k", i)
+        counts.value = i
+        docs.value = {"i": [i]}
+    h = snap(b, tmp_path, 1)
+    assert read(tmp_path, h) == {"counts": {("k", i): i for i in range(200)},
+                                 "docs": {("k", i): {"i": [i]} for i in range(200)}}
 
 
 def test_snapshot_of_a_closed_backend_is_refused(tmp_path: Path) -> None:

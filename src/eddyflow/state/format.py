@@ -3,7 +3,8 @@
 A keyed-state file is a sequence of frames: ``<8-byte big-endian
 length><pickle of (key_group, "delta", [(state, keys, values, deleted),
 …])>``: per state, the keys written and their values as two parallel lists,
-and the keys deleted. A *full* file holds every entry and no deletions; a
+and the keys deleted; or ``(key_group, "table", state, dict)``, a whole
+table of a full snapshot. A *full* file holds every entry and no deletions; a
 *delta* file holds what changed since the file before it in its chain (see
 :mod:`eddyflow.state.memory.snapshot`). Frames of the earlier formats
 (``(key_group, "columns", [(state, keys, values)])`` and ``(key_group,
@@ -44,6 +45,7 @@ CHUNK = 1 << 16
 #: The key group of an ungrouped file's frames.
 UNGROUPED = -1
 _DELTA = "delta"
+_TABLE = "table"
 _COLUMNS = "columns"  # format 2: no deletions
 
 
@@ -96,14 +98,24 @@ def _dumps(obj: Any, fast: bool) -> bytes:
     return out.getvalue()
 
 
-def encode_chunks(tables: list[tuple[str, list[Any], list[Any], list[Any]]]
+def encode_chunks(tables: list[tuple[str, list[Any], list[Any], list[Any]]],
+                  whole: Iterable[tuple[str, dict[Any, Any]]] = ()
                   ) -> tuple[list[bytes], FrameIndex]:
     """The frames of an ungrouped file: per state, its keys, values and
-    deleted keys, in frames of up to ``CHUNK`` entries; indexed by frame
-    number."""
+    deleted keys, in frames of up to ``CHUNK`` entries; and the ``whole``
+    tables of scalar values, a frame each (``(-1, "table", state, dict)``:
+    pickling a dict walks it once, where key and value lists walk it twice
+    and then the lists: 0.28 against 0.42 s for 1M string keys in random
+    order). Indexed by frame number."""
     index: FrameIndex = {}
     chunks: list[bytes] = []
     offset = 0
+    for name, table in whole:
+        body = _dumps((UNGROUPED, _TABLE, name, table), fast=True)
+        frame = _LEN.pack(len(body)) + body
+        index[str(len(index))] = (offset, len(frame))
+        offset += len(frame)
+        chunks.append(frame)
     for name, keys, values, deleted in tables:
         parts: list[tuple[list[Any], list[Any], list[Any]]] = [
             (keys[i:i + CHUNK], values[i:i + CHUNK], []) for i in range(0, len(keys), CHUNK)]
@@ -130,7 +142,10 @@ def decode_frame(frame: bytes, kg: int, path: str, offset: int
         body = pickle.loads(frame[_LEN.size:])
         got_kg = body[0]
         entries: list[tuple[str, Any, Any]] = []
-        if len(body) == 3 and body[1] == _DELTA:
+        if len(body) == 4 and body[1] == _TABLE:
+            name = body[2]
+            entries = [(name, k, v) for k, v in body[3].items()]
+        elif len(body) == 3 and body[1] == _DELTA:
             for name, keys, values, deleted in body[2]:
                 entries.extend((name, k, v) for k, v in zip(keys, values, strict=True))
                 entries.extend((name, k, DELETED) for k in deleted)

@@ -215,6 +215,7 @@ class _Snapshot(KeyedSnapshot):
 
 _Encoded = tuple[list[bytes], dict[str, tuple[int, int]]]
 _ABSENT: Any = object()
+_SCALARS = frozenset({int, float, str, bytes, bool, complex, type(None)})
 _Written = tuple[str, int, str, dict[str, tuple[int, int]]]
 
 
@@ -238,9 +239,14 @@ def _encode(tables: dict[str, dict[Any, Any]], key_sets: list[dict[str, Written]
     (written: their value; gone: deleted). ``None`` when there is nothing
     to write."""
     columns: list[tuple[str, list[Any], list[Any], list[Any]]] = []
+    whole: list[tuple[str, dict[Any, Any]]] = []
     for name, table in tables.items():
         if full:
-            if table:
+            if not table:
+                continue
+            if set(map(type, table.values())) <= _SCALARS:
+                whole.append((name, table))
+            else:
                 columns.append((name, list(table), list(table.values()), []))
             continue
         keys: dict[Any, Any] = {}
@@ -266,10 +272,10 @@ def _encode(tables: dict[str, dict[Any, Any]], key_sets: list[dict[str, Written]
             columns.append((name, present, kept, deleted))
         else:
             columns.append((name, list(keys), values, []))
-    if not columns:
+    if not columns and not whole:
         return None
     try:
-        return encode_chunks(columns)
+        return encode_chunks(columns, whole)
     except Exception as exc:
         raise _unpicklable(exc, columns) from exc
 
