@@ -658,8 +658,11 @@ def _run_property(tmp_path: Path, examples: int, modes: tuple[str, ...],
     # records and state that the user functions change in place.
     assert stats.failed >= min_failed * stats.examples, stats
     assert stats.mutable_failed >= min_mutable_failed * stats.examples, stats
-    # Barriers did interleave with the records: periodic checkpoints completed.
-    assert stats.checkpoints >= 2 * stats.examples, stats
+    # Barriers did interleave with the records: periodic checkpoints
+    # completed (1.5 a run on average: the final checkpoint subsumes a
+    # periodic one still in flight at the end of input, so one fewer
+    # completes than before that; 1.84 was seen in a run of 25).
+    assert stats.checkpoints >= 1.5 * stats.examples, stats
     return stats
 
 
