@@ -24,6 +24,7 @@ from, traced back through the chain (see ``Operator.output_counts``).
 from __future__ import annotations
 
 import asyncio
+import logging
 import pickle
 import time
 from collections.abc import Awaitable, Callable
@@ -52,6 +53,8 @@ if TYPE_CHECKING:
 Spawn = Callable[[Callable[[], Awaitable[None]]], None]
 
 __all__ = ["Task", "TaskFailure"]
+
+_log = logging.getLogger("eddyflow")
 
 
 class TaskFailure(Exception):
@@ -312,7 +315,11 @@ class Task:
         except BaseException:
             for op in self.operators:
                 op.abort()
-            self.close()
+            try:
+                self.close()
+            except Exception as exc:  # the failure that got us here is the one to report
+                _log.warning("task %s[%d]: closing after a failure failed too: %s: %s",
+                             self.name, self.subtask, type(exc).__name__, exc)
             raise
         finally:
             if self.reader is not None:
