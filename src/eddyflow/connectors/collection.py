@@ -23,13 +23,12 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from eddyflow.connectors.source import Source, SourceReader
+from eddyflow.values import CONTAINERS, SCALARS
 
 __all__ = ["CollectionSource"]
 
 log = logging.getLogger("eddyflow")
 
-_IMMUTABLE = frozenset({int, float, str, bytes, bool, complex, type(None)})
-_CONTAINERS = frozenset({tuple, frozenset})
 #: Records per pickled chunk: a reader that seeks unpickles from one chunk on.
 _CHUNK = 4096
 
@@ -40,12 +39,12 @@ def _immutable(items: Sequence[Any]) -> bool:
     level: Iterable[Any] = items
     while True:
         types = set(map(type, level))
-        if types <= _IMMUTABLE:
+        if types <= SCALARS:
             return True
-        if not types <= _IMMUTABLE | _CONTAINERS:
+        if not types <= SCALARS | CONTAINERS:
             return False
-        containers = (level if types <= _CONTAINERS
-                      else [x for x in level if type(x) in _CONTAINERS])
+        containers = (level if types <= CONTAINERS
+                      else [x for x in level if type(x) in CONTAINERS])
         level = list(itertools.chain.from_iterable(containers))
 
 

@@ -750,7 +750,6 @@ class Task:
                              backlog: BackEdgeRecords | None = None) -> None:
         try:
             await self._write_and_ack_now(n, snaps, position, alignment, sync_duration, backlog)
-            self._snapshots.pop(n, None)
         except OSError:
             self._cancel_snapshots(snaps)
             coordinator = self.coordinator
@@ -760,6 +759,8 @@ class Task:
         except BaseException:
             self._cancel_snapshots(snaps)
             raise
+        finally:
+            self._snapshots.pop(n, None)
 
     @staticmethod
     def _cancel_snapshots(snaps: dict[str, OperatorSnapshot | None]) -> None:

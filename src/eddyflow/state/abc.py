@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eddyflow.keygroups import key_group_for
+from eddyflow.state.format import apply_entries, read_state_file
 from eddyflow.state.storage import CheckpointStorage, FileHandle
 
 __all__ = [
@@ -121,8 +122,6 @@ class StateFile:
                 ) -> Iterator[tuple[int, str, Any, Any]]:
         """``(key_group, state, key, value)`` of this file, in the order they
         apply (see ``state.format.read_state_file``)."""
-        from eddyflow.state.format import read_state_file
-
         return read_state_file(root, self.handle.path, self.index, self.grouped,
                                key_groups=key_groups, owner=owner,
                                max_parallelism=max_parallelism, with_groups=with_groups)
@@ -238,8 +237,6 @@ class KeyedStateBackend(ABC):
                 entries: Iterable[tuple[str, Any, Any]]) -> int:
         """Load ``(state, key, value)`` entries of a checkpoint's files in
         the order they apply (``DELETED`` values remove); returns how many."""
-        from eddyflow.state.format import apply_entries
-
         for name, kind in kinds.items():
             self.declare(name, kind)
         return apply_entries(self._table, entries)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar, cast
 
 from eddyflow.state.abc import Changes, KeyedStateBackend
+from eddyflow.values import SCALARS
 
 __all__ = ["ListState", "MapState", "ReducingState", "ValueState"]
 
@@ -28,8 +29,6 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 _MISSING: Any = object()
-#: Values no code can change in place.
-_IMMUTABLE = frozenset({int, float, str, bytes, bool, complex, type(None)})
 
 
 class _Handle:
@@ -50,7 +49,7 @@ class _Handle:
     def _lent(self, key: Any, value: Any) -> Any:
         """``value`` (of ``key``) goes to user code: if it can be changed in
         place, count it as written."""
-        if type(value) not in _IMMUTABLE:
+        if type(value) not in SCALARS:
             written = self._changes.keys
             if written is not None:
                 written[key] = None

@@ -45,6 +45,7 @@ from eddyflow.state.abc import (
 )
 from eddyflow.state.format import encode_chunks
 from eddyflow.state.storage import FileHandle
+from eddyflow.values import SCALARS
 
 if TYPE_CHECKING:
     from eddyflow.state.memory.backend import MemoryKeyedStateBackend
@@ -215,7 +216,6 @@ class _Snapshot(KeyedSnapshot):
 
 _Encoded = tuple[list[bytes], dict[str, tuple[int, int]]]
 _ABSENT: Any = object()
-_SCALARS = frozenset({int, float, str, bytes, bool, complex, type(None)})
 _Written = tuple[str, int, str, dict[str, tuple[int, int]]]
 
 
@@ -244,7 +244,7 @@ def _encode(tables: dict[str, dict[Any, Any]], key_sets: list[dict[str, Written]
         if full:
             if not table:
                 continue
-            if set(map(type, table.values())) <= _SCALARS:
+            if set(map(type, table.values())) <= SCALARS:
                 whole.append((name, table))
             else:
                 columns.append((name, list(table), list(table.values()), []))
