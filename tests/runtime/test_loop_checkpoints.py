@@ -60,7 +60,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,7 +68,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
-from pacing import Pace
+from job_support import Pace, watched
 
 import eddyflow as ef
 from eddyflow.backedge import FeedbackChannel
@@ -341,15 +341,6 @@ def _disarm() -> Iterator[None]:
     faults.disarm_all()
     yield
     faults.disarm_all()
-
-
-def watched(job: Coroutine[Any, Any, ef.JobResult], timeout: float = TIMEOUT) -> ef.JobResult:
-    async def go() -> ef.JobResult:
-        return await asyncio.wait_for(job, timeout)
-    try:
-        return asyncio.run(go())
-    except TimeoutError:
-        pytest.fail(f"the job hung: not finished after {timeout} s")
 
 
 class _Restarts(logging.Handler):
@@ -872,7 +863,7 @@ def test_in_flight_loop_records_survive_a_restart(parallelism: int, mode: str,
     in_flight_job(env, sink, failing, two_back_edges=two_back_edges)
     if two_back_edges:
         assert len(env.plan().back_edges) == 2
-    result = watched(env.execute_async("in-flight"))
+    result = watched(env.execute_async("in-flight"), TIMEOUT)
     assert failing.failures == 1, "no checkpoint with records in flight round the loop completed"
     assert result.restarts == 1
     check_restored_log(chk, spy, failing.failed_after)
@@ -892,7 +883,7 @@ def test_failure_while_back_edge_log_is_recorded(tmp_path: Path, spy: Spy) -> No
     failing = FailWhileLogging(spy, times=2, skip=50)
     sink = ef.ListSink()
     in_flight_job(env, sink, failing)
-    result = watched(env.execute_async("fail-while-logging"))
+    result = watched(env.execute_async("fail-while-logging"), TIMEOUT)
     assert failing.failures == 2
     assert result.restarts == 2
     assert Counter(sink.results) == expected_output()
@@ -909,7 +900,7 @@ def test_async_write_failure_of_loop_heads(tmp_path: Path, spy: Spy) -> None:
     sink = ef.ListSink()
     in_flight_job(env, sink, identity)
     ef.testing.arm("snapshot.async_write", after=25, times=3)
-    result = watched(env.execute_async("async-write"))
+    result = watched(env.execute_async("async-write"), TIMEOUT)
     assert "snapshot.async_write" not in faults._armed, "the fault point did not fire 3 times"
     # (Writes of one checkpoint may fail together: one restart.)
     assert 1 <= result.restarts <= 3
@@ -927,7 +918,7 @@ def test_restore_across_processes_from_checkpoint_with_in_flight_records(
     failing = FailAfterLoggedCheckpoint(chk, "head")
     in_flight_job(env, ef.FileSink(out), failing)
     with pytest.raises(ef.JobFailed) as info:
-        watched(env.execute_async("first"))
+        watched(env.execute_async("first"), TIMEOUT)
     assert isinstance(info.value.__cause__, ef.testing.InjectedFailure)
     assert failing.failures == 1
     committed_before = read_parts(out)
@@ -940,7 +931,7 @@ def test_restore_across_processes_from_checkpoint_with_in_flight_records(
     env.enable_checkpointing(0.01, chk, retained=1000)
     in_flight_job(env, ef.FileSink(out), identity)
     latest = max(c.id for c in ef.list_checkpoints(chk))
-    result = watched(env.execute_async("second", restore="latest"))
+    result = watched(env.execute_async("second", restore="latest"), TIMEOUT)
     cid = check_restored_log(chk, spy, failing.failed_after)
     assert cid == latest
     assert Counter(read_parts(out)) == expected_output()
@@ -961,7 +952,7 @@ def test_restore_loop_checkpoint_at_another_parallelism(new_parallelism: int, tm
     failing = FailAfterLoggedCheckpoint(chk, "head")
     in_flight_job(env, ef.FileSink(out), failing)
     with pytest.raises(ef.JobFailed):
-        watched(env.execute_async("first"))
+        watched(env.execute_async("first"), TIMEOUT)
     assert failing.failures == 1
 
     spy.reinjected.clear()
@@ -970,7 +961,7 @@ def test_restore_loop_checkpoint_at_another_parallelism(new_parallelism: int, tm
     env = ef.StreamEnvironment(parallelism=new_parallelism, batch_size=8)
     env.enable_checkpointing(0.01, chk, retained=1000)
     in_flight_job(env, ef.FileSink(out), identity)
-    result = watched(env.execute_async("rescaled", restore="latest"))
+    result = watched(env.execute_async("rescaled", restore="latest"), TIMEOUT)
     check_restored_log(chk, spy, failing.failed_after)
     assert Counter(read_parts(out)) == expected_output()
     assert result.state("passes") == expected_passes()
@@ -1042,7 +1033,7 @@ def test_connected_components_with_failures(parallelism: int, mode: str, tmp_pat
 
     env = ef.StreamEnvironment(parallelism=parallelism, batch_size=16)
     job(env, ef.ListSink(), identity, identity)
-    ref = watched(env.execute_async("reference"))
+    ref = watched(env.execute_async("reference"), TIMEOUT)
     through = ref.records_in["failing"]
 
     env = ef.StreamEnvironment(parallelism=parallelism, batch_size=16)
@@ -1051,7 +1042,7 @@ def test_connected_components_with_failures(parallelism: int, mode: str, tmp_pat
     failing = ef.testing.FailingMap(after=max(1, through // 3), times=2)
     sink = ef.ListSink()
     job(env, sink, failing, Pace(4, 0.002))
-    result = watched(env.execute_async("checked"))
+    result = watched(env.execute_async("checked"), TIMEOUT)
     assert failing.failures >= 1 and result.restarts >= 1
 
     want = union_find(edges)
@@ -1084,7 +1075,7 @@ def test_shortest_paths_with_failures(parallelism: int, tmp_path: Path, spy: Spy
     env = ef.StreamEnvironment(parallelism=parallelism, batch_size=16)
     ref_sink = ef.ListSink()
     job(env, ref_sink, identity, identity)
-    ref = watched(env.execute_async("reference"))
+    ref = watched(env.execute_async("reference"), TIMEOUT)
     through = ref.records_in["failing"]
 
     env = ef.StreamEnvironment(parallelism=parallelism, batch_size=16)
@@ -1093,7 +1084,7 @@ def test_shortest_paths_with_failures(parallelism: int, tmp_path: Path, spy: Spy
     failing = ef.testing.FailingMap(after=max(1, through // 3), times=2)
     sink = ef.ListSink()
     job(env, sink, failing, Pace(8, 0.002))
-    result = watched(env.execute_async("checked"))
+    result = watched(env.execute_async("checked"), TIMEOUT)
     assert failing.failures >= 1 and result.restarts >= 1
 
     want = ref.state("relax", "distance")
@@ -1119,7 +1110,7 @@ def test_in_flight_records_survive_with_feedback_spilling_to_disk(
     failing = FailAfterLoggedCheckpoint(chk, "head")
     sink = ef.ListSink()
     in_flight_job(env, sink, failing)
-    result = watched(env.execute_async("spilling"))
+    result = watched(env.execute_async("spilling"), TIMEOUT)
     assert failing.failures == 1 and result.restarts == 1
     check_restored_log(chk, spy, failing.failed_after)
     feedback = [ch for t in spy.tasks if t.gate is not None for ch in t.gate.channels

@@ -29,12 +29,13 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+from job_support import watched
 
 import eddyflow as ef
 from eddyflow.jobfile import load_job
@@ -46,22 +47,13 @@ SRC = Path(ef.__file__).resolve().parents[1]  # the eddyflow under test
 TIMEOUT = 30.0  # a job here takes well under a second; more means a hang
 
 
-def _watched(job: Coroutine[Any, Any, ef.JobResult], timeout: float) -> ef.JobResult:
-    async def go() -> ef.JobResult:
-        return await asyncio.wait_for(job, timeout)
-    try:
-        return asyncio.run(go())
-    except TimeoutError:
-        pytest.fail(f"the job hung: not finished after {timeout} s")
-
-
 def run_job(env: ef.StreamEnvironment, timeout: float = TIMEOUT) -> ef.JobResult:
     """``env.execute`` with a watchdog: a hung job fails the test."""
-    return _watched(env.execute_async("loops"), timeout)
+    return watched(env.execute_async("loops"), timeout)
 
 
 def run_runner(runner: JobRunner, timeout: float = TIMEOUT) -> ef.JobResult:
-    return _watched(runner.run(), timeout)
+    return watched(runner.run(), timeout)
 
 
 # -- plain-Python references -------------------------------------------------------

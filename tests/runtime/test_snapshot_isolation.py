@@ -35,17 +35,16 @@ mutates its accumulator dict in place. (a), (d), (e) also at parallelism 2.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pacing import Pace
+from job_support import Pace, watched
 
 import eddyflow as ef
 
@@ -117,15 +116,6 @@ class FailAfterCheckpoints:
         return self  # shared across subtasks and restarts, as FailingMap is
 
 
-def watched(job: Coroutine[Any, Any, ef.JobResult], timeout: float = TIMEOUT) -> ef.JobResult:
-    async def go() -> ef.JobResult:
-        return await asyncio.wait_for(job, timeout)
-    try:
-        return asyncio.run(go())
-    except TimeoutError:
-        pytest.fail(f"the job hung: not finished after {timeout} s")
-
-
 #: build(env, sink, failing, pace) adds the job to env
 Build = Callable[[ef.StreamEnvironment, ef.Sink, Callable[[Any], Any], Callable[[Any], Any]], None]
 
@@ -151,7 +141,7 @@ def reference_and_checked(build: Build, tmp_path: Path, *, after: int, times: in
     env = ef.StreamEnvironment(parallelism=parallelism, batch_size=batch_size)
     ref_sink = ef.ListSink()
     build(env, ref_sink, identity, identity)
-    reference = watched(env.execute_async("reference"))
+    reference = watched(env.execute_async("reference"), TIMEOUT)
 
     directory = tmp_path / "chk"
     env = ef.StreamEnvironment(parallelism=parallelism, batch_size=batch_size)
@@ -160,7 +150,7 @@ def reference_and_checked(build: Build, tmp_path: Path, *, after: int, times: in
     failing = FailAfterCheckpoints(directory, after, times, first=checkpoints)
     sink = ef.ListSink()
     build(env, sink, failing, Pace(pace_every))
-    checked = watched(env.execute_async("checked"))
+    checked = watched(env.execute_async("checked"), TIMEOUT)
 
     # Not vacuous: the job failed and restarted, after checkpoints had
     # completed (so the restarts restored checkpoints, not the empty start).
