@@ -17,6 +17,7 @@ from eddyflow.datastream import DataStream
 from eddyflow.errors import JobFailed
 from eddyflow.graph.logical import LogicalGraph, Partitioning
 from eddyflow.graph.plan import ExecutionPlan, build_plan
+from eddyflow.keygroups import MAX_PARALLELISM
 from eddyflow.restart import NoRestart, RestartStrategy
 from eddyflow.result import JobResult
 from eddyflow.runtime.coordinator import MODES, CheckpointConfig
@@ -25,7 +26,8 @@ from eddyflow.runtime.operators import SourceSpec
 from eddyflow.runtime.restore import RestoredCheckpoint
 from eddyflow.state.abc import StateBackend
 from eddyflow.state.memory import MemoryStateBackend
-from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage
+from eddyflow.state.metadata import read_checkpoint
+from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage, parse_checkpoint_dir
 
 __all__ = ["StreamEnvironment"]
 
@@ -63,6 +65,11 @@ class StreamEnvironment:
     ) -> None:
         self.parallelism = _positive_int(parallelism, "parallelism")
         self.max_parallelism = _positive_int(max_parallelism, "max_parallelism")
+        if self.max_parallelism > MAX_PARALLELISM:
+            # Key groups are a two-byte prefix of RocksDB rows, and each one
+            # costs bookkeeping in every keyed subtask (Flink's cap, too).
+            raise ValueError(f"max_parallelism {max_parallelism} exceeds the limit of "
+                             f"{MAX_PARALLELISM} key groups")
         if self.parallelism > self.max_parallelism:
             raise ValueError(
                 f"parallelism {parallelism} exceeds max_parallelism {max_parallelism}"
@@ -181,18 +188,17 @@ class StreamEnvironment:
         if restore == "latest":
             if storage is None:
                 return None  # nothing can have been checkpointed: a fresh start
-            found = storage.latest_valid()
-            return None if found is None else RestoredCheckpoint(storage, *found)
+            return RestoredCheckpoint.latest(storage)
         path = os.path.abspath(os.fspath(restore))
-        name = os.path.basename(path.rstrip("/"))
-        if not name.startswith("chk-") or not name[4:].isdigit():
+        n = parse_checkpoint_dir(path)
+        if n is None:
             raise ValueError(f"restore={restore!r}: expected 'latest' or a chk-<n> folder")
         at = CheckpointStorage(os.path.dirname(path))
         try:
-            meta = at.verify(int(name[4:]))
+            meta = read_checkpoint(at, n, verify_files=True)
         except CheckpointCorrupted as exc:
             raise ValueError(f"cannot restore from {path}: {exc}") from exc
-        return RestoredCheckpoint(at, int(name[4:]), meta)
+        return RestoredCheckpoint(at, n, meta)
 
     async def execute_async(self, job_name: str = "eddyflow job",
                             restore: str | os.PathLike[str] | None = None) -> JobResult:
@@ -244,9 +250,9 @@ class StreamEnvironment:
                 restored = initial
                 if storage is not None:
                     storage.clean_incomplete()  # the failed attempt's checkpoint in flight
-                    found = storage.latest_valid(among=completed)
-                    if found is not None:
-                        restored = RestoredCheckpoint(storage, *found)
+                    latest = RestoredCheckpoint.latest(storage, among=completed)
+                    if latest is not None:
+                        restored = latest
                 continue
             result.restarts = restarts
             return result

@@ -12,7 +12,7 @@ from typing import Any
 
 from eddyflow.offline.checkpoint import keyed_files, open_checkpoint, read_keyed_file
 from eddyflow.state.format import encode_frames
-from eddyflow.state.storage import METADATA, _checksum_of
+from eddyflow.state.storage import METADATA, CheckpointStorage, _checksum_of
 
 Entry = tuple[int, str, Any, Any]  # key group, state, key, value
 
@@ -23,7 +23,7 @@ def rewrite_state(chk: str, operator: str,
     ``change(entries)``, subtask by subtask (each subtask's chain becomes
     one full file), keeping the checkpoint valid."""
     ref = open_checkpoint(chk)
-    meta = ref.meta
+    meta = CheckpointStorage(ref.root).read_metadata(ref.id)  # the JSON, to edit
     for kf in keyed_files(ref, operator):
         entries = change(list(read_keyed_file(kf)))
         groups: dict[int, list[tuple[str, list[Any], list[Any], list[Any]]]] = {}

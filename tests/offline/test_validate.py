@@ -197,7 +197,7 @@ def test_cyclic_input_altered_fails_naming_exactly_the_keys_it_changes(
 
 def _final_state(folder: Path) -> dict[tuple[str, Any], Any]:
     ref = open_checkpoint(folder)
-    assert ref.meta["final"]
+    assert ref.meta.final
     out = {}
     for kf in keyed_files(ref, "propagate"):
         for _, state, key, value in read_keyed_file(kf):

@@ -23,7 +23,6 @@ from eddyflow.cli.validate import validate_command
 from eddyflow.errors import JobFailed
 from eddyflow.jobfile import JobFileError, build_environment
 from eddyflow.result import JobResult
-from eddyflow.state.abc import KeyedStateHandle
 
 __all__ = ["main"]
 
@@ -85,17 +84,11 @@ def _size(n: int) -> str:
 
 def _operator_summary(info: CheckpointInfo) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
-    for uid, op in info.operators.items():
-        entries = 0
-        size = 0
-        for part in op["subtasks"].values():
-            keyed = part.get("keyed")
-            if keyed:
-                handle = KeyedStateHandle.from_json(keyed)
-                entries += handle.entries
-                size += sum(f.handle.size for f in handle.files)
-        out[uid] = {"kind": op["kind"], "parallelism": op["parallelism"],
-                    "state_entries": entries, "state_bytes": size}
+    for uid, op in info.meta.operators.items():
+        handles = [part.keyed for part in op.subtasks.values() if part.keyed is not None]
+        out[uid] = {"kind": op.kind, "parallelism": op.parallelism,
+                    "state_entries": sum(h.entries for h in handles),
+                    "state_bytes": sum(f.size for h in handles for f in h.file_handles())}
     return out
 
 

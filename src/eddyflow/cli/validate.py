@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from eddyflow.jobfile import JobFileError
-from eddyflow.state.storage import CheckpointCorrupted
+from eddyflow.state.storage import CheckpointCorrupted, checkpoint_dir_name
 
 __all__ = ["validate_command"]
 
@@ -55,7 +55,7 @@ def validate_command(directory: str, job: str, checkpoint_id: int | None, master
     from pyspark.sql import SparkSession
 
     ours = SparkSession.getActiveSession() is None  # else embedded: leave it running
-    spark = spark_session(master, app_name=f"eddyflow validate chk-{ref.id}")
+    spark = spark_session(master, app_name=f"eddyflow validate {checkpoint_dir_name(ref.id)}")
     try:
         report = validate(spark, ref, job=job)
     except JobFileError as exc:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -19,14 +18,19 @@ from typing import Any
 from eddyflow.backedge.log import decode_backedge_log
 from eddyflow.state.abc import KeyedStateHandle, StateFile
 from eddyflow.state.format import DELETED
-from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage, FileHandle
+from eddyflow.state.metadata import CheckpointMetadata, read_checkpoint
+from eddyflow.state.storage import (
+    CheckpointCorrupted,
+    CheckpointStorage,
+    FileHandle,
+    checkpoint_dir_name,
+    parse_checkpoint_dir,
+)
 
 __all__ = ["CheckpointRef", "KeyedFile", "keyed_files", "open_checkpoint", "read_keyed_file",
            "read_verified_backedge_log"]
 
 log = logging.getLogger("eddyflow.offline")
-
-_CHK = re.compile(r"^chk-(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -35,11 +39,11 @@ class CheckpointRef:
 
     root: str
     id: int
-    meta: dict[str, Any]
+    meta: CheckpointMetadata
 
     @property
     def path(self) -> str:
-        return os.path.join(self.root, f"chk-{self.id}")
+        return os.path.join(self.root, checkpoint_dir_name(self.id))
 
 
 def open_checkpoint(path: str | os.PathLike[str], checkpoint: int | None = None
@@ -48,10 +52,10 @@ def open_checkpoint(path: str | os.PathLike[str], checkpoint: int | None = None
     directory with ``checkpoint`` naming one of its checkpoints (default: the
     latest that verifies)."""
     path = os.path.abspath(os.fspath(path))
-    match = _CHK.match(os.path.basename(path.rstrip(os.sep)))
-    if match and checkpoint is None:
-        storage = CheckpointStorage(os.path.dirname(path.rstrip(os.sep)))
-        n = int(match.group(1))
+    named = parse_checkpoint_dir(path)
+    if named is not None and checkpoint is None:
+        storage = CheckpointStorage(os.path.dirname(path))
+        n = named
     else:
         if not os.path.isdir(path):
             raise FileNotFoundError(f"checkpoint directory {path!r} does not exist")
@@ -61,12 +65,12 @@ def open_checkpoint(path: str | os.PathLike[str], checkpoint: int | None = None
             # the executors that read them, not all over again here.
             for n in reversed(storage.completed_ids()):
                 try:
-                    return CheckpointRef(storage.root, n, storage.read_metadata(n))
+                    return CheckpointRef(storage.root, n, read_checkpoint(storage, n))
                 except CheckpointCorrupted as exc:
                     log.warning("skipping checkpoint %d: %s", n, exc)
             raise FileNotFoundError(f"{path!r} holds no completed checkpoint")
         n = checkpoint
-    return CheckpointRef(storage.root, n, storage.read_metadata(n))
+    return CheckpointRef(storage.root, n, read_checkpoint(storage, n))
 
 
 @dataclass(frozen=True)
@@ -80,11 +84,13 @@ class KeyedFile:
     files: tuple[StateFile, ...]
     kinds: dict[str, str]
     max_parallelism: int = 0
+    #: The whole handle (a RocksDB one is read as a database, not as files).
+    handle: KeyedStateHandle | None = None
 
 
 def keyed_files(ref: CheckpointRef, operator: str | None = None) -> list[KeyedFile]:
     """The keyed state of ``operator`` by subtask (every operator if ``None``)."""
-    ops = ref.meta["operators"]
+    ops = ref.meta.operators
     if operator is not None and operator not in ops:
         raise KeyError(f"checkpoint {ref.id} has no operator {operator!r}; it has "
                        f"{sorted(ops)}")
@@ -92,18 +98,21 @@ def keyed_files(ref: CheckpointRef, operator: str | None = None) -> list[KeyedFi
     for uid, op in sorted(ops.items()):
         if operator is not None and uid != operator:
             continue
-        for s, part in sorted(op["subtasks"].items(), key=lambda kv: int(kv[0])):
-            keyed = part.get("keyed")
-            if keyed is not None:
-                handle = KeyedStateHandle.from_json(keyed)
-                out.append(KeyedFile(ref.root, uid, int(s), handle.files, dict(handle.kinds),
-                                     int(ref.meta.get("max_parallelism", 0))))
+        for s, part in sorted(op.subtasks.items()):
+            if part.keyed is not None:
+                out.append(KeyedFile(ref.root, uid, s, part.keyed.files, dict(part.keyed.kinds),
+                                     ref.meta.max_parallelism, part.keyed))
     return out
 
 
 def read_keyed_file(kf: KeyedFile) -> Iterator[tuple[int, str, Any, Any]]:
     """``(key_group, state, key, value)`` of one subtask's keyed state: each
     of its files verified, the deltas applied over the full snapshot."""
+    if kf.handle is not None and kf.handle.backend == "rocksdb":
+        # Its files are copied into a local folder of this executor,
+        # verified as they are copied, and opened read-only.
+        yield from kf.handle.read(kf.root, max_parallelism=kf.max_parallelism)
+        return
     storage = CheckpointStorage(kf.root)
     state: dict[str, dict[Any, tuple[int, Any]]] = {}
     for f in kf.files:

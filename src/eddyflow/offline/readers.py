@@ -26,7 +26,6 @@ from eddyflow.offline.checkpoint import (
     read_keyed_file,
     read_verified_backedge_log,
 )
-from eddyflow.state.abc import KeyedStateHandle
 from eddyflow.state.storage import FileHandle
 
 __all__ = ["as_text", "backedge_rdd", "read_backedge_log", "read_metadata", "read_positions",
@@ -56,15 +55,14 @@ def read_metadata(spark: Any, directory: str | os.PathLike[str]) -> Any:
 
     rows = []
     for info in list_checkpoints(directory):
-        for uid, op in sorted(info.operators.items()):
-            parts = op["subtasks"].values()
-            handles = [KeyedStateHandle.from_json(p["keyed"]) for p in parts if "keyed" in p]
+        for uid, op in sorted(info.meta.operators.items()):
+            parts = op.subtasks.values()
+            handles = [p.keyed for p in parts if p.keyed is not None]
             entries = sum(h.entries for h in handles)
-            size = sum(f.handle.size for h in handles for f in h.files)
-            logged = sum(int(p["backedge"]["records"]) for p in parts if "backedge" in p)
-            rows.append((info.id, info.path, float(info.completed_at), float(info.duration),
-                         info.final, uid, str(op.get("kind", "")), int(op["parallelism"]),
-                         entries, size, logged))
+            size = sum(f.size for h in handles for f in h.file_handles())
+            logged = sum(p.backedge.records for p in parts if p.backedge is not None)
+            rows.append((info.id, info.path, info.completed_at, info.duration, info.final,
+                         uid, op.kind, op.parallelism, entries, size, logged))
     schema = T.StructType([
         T.StructField("checkpoint_id", T.LongType(), False),
         T.StructField("path", T.StringType(), False),
@@ -88,11 +86,10 @@ def read_positions(spark: Any, chk: CheckpointLike) -> Any:
 
     ref = _ref(chk)
     rows = []
-    for uid, op in sorted(ref.meta["operators"].items()):
-        for s, part in sorted(op["subtasks"].items(), key=lambda kv: int(kv[0])):
-            if "source" in part:
-                rows.append((uid, int(s), int(op["parallelism"]),
-                             json.dumps(part["source"], sort_keys=True)))
+    for uid, op in sorted(ref.meta.operators.items()):
+        for s, part in sorted(op.subtasks.items()):
+            if part.is_source:
+                rows.append((uid, s, op.parallelism, json.dumps(part.position, sort_keys=True)))
     schema = T.StructType([
         T.StructField("operator", T.StringType(), False),
         T.StructField("subtask", T.IntegerType(), False),
@@ -137,12 +134,12 @@ def read_state(spark: Any, chk: CheckpointLike, operator: str | None = None) -> 
 def _backedge_parts(ref: CheckpointRef, operator: str | None
                     ) -> list[tuple[str, int, str, FileHandle]]:
     out = []
-    for uid, op in sorted(ref.meta["operators"].items()):
+    for uid, op in sorted(ref.meta.operators.items()):
         if operator is not None and uid != operator:
             continue
-        for s, part in sorted(op["subtasks"].items(), key=lambda kv: int(kv[0])):
-            if "backedge" in part:
-                out.append((uid, int(s), ref.root, FileHandle.from_json(part["backedge"]["file"])))
+        for s, part in sorted(op.subtasks.items()):
+            if part.backedge is not None:
+                out.append((uid, s, ref.root, part.backedge.file))
     return out
 
 

@@ -139,9 +139,9 @@ def validate(spark: Any, chk: str | os.PathLike[str] | CheckpointRef, *,
     sc = spark.sparkContext
     env, module = build_environment(job)
     _by_value(module)
-    meta_ops: dict[str, Any] = ref.meta["operators"]
+    meta_ops = ref.meta.operators
     plan: ExecutionPlan = env.plan()
-    mp = int(ref.meta.get("max_parallelism") or plan.max_parallelism)
+    mp = ref.meta.max_parallelism
     plan = dataclasses.replace(plan, max_parallelism=mp)
     parts = partitions or max(2, min(mp, 4 * sc.defaultParallelism))
 
@@ -161,8 +161,8 @@ def validate(spark: Any, chk: str | os.PathLike[str] | CheckpointRef, *,
         if not src.replayable:
             unreplayed[node.uid] = f"source '{node.uid}' ({type(src).__name__}) is not replayable"
             continue
-        p = int(op["parallelism"])
-        positions = {int(s): part.get("source") for s, part in op["subtasks"].items()}
+        p = op.parallelism
+        positions = {s: part.position for s, part in op.subtasks.items()}
         counters[node.uid] = sc.accumulator(0)
         sources[node.id] = sc.parallelize(range(p), p).flatMap(
             _replay(src, node.uid, node.id, p, positions, counters[node.uid]))
@@ -171,20 +171,20 @@ def validate(spark: Any, chk: str | os.PathLike[str] | CheckpointRef, *,
     try:
         expected, kept = evaluate(sc, plan, sources, unreplayed=unreplayed, partitions=parts)
         persisted += kept
-        keyed_uids = sorted({u for u, op in meta_ops.items()
-                             if any("keyed" in p for p in op["subtasks"].values())})
+        keyed_uids = sorted(u for u, op in meta_ops.items()
+                            if any(p.keyed is not None for p in op.subtasks.values()))
         # One RDD per operator over its own files: filtering one RDD of every
         # file would read all of them again for each operator.
         initial = {uid: state_rdd(sc, ref, uid).map(lambda t: (t[0], t[1][2:]))
                    for uid in keyed_uids}
-        logged = [int(p["backedge"]["records"]) for op in meta_ops.values()
-                  for p in op["subtasks"].values() if "backedge" in p]
+        logged = [p.backedge.records for op in meta_ops.values()
+                  for p in op.subtasks.values() if p.backedge is not None]
         if sum(logged):
             # Run the snapshot forward with its in-flight records.
             node_ids = {n.uid: n.id for n in plan.graph.nodes}
             feedback: dict[int, Any] = {}
             for uid in {u for u, op in meta_ops.items()
-                        if any("backedge" in p for p in op["subtasks"].values())}:
+                        if any(p.backedge is not None for p in op.subtasks.values())}:
                 if uid not in node_ids:
                     unreplayed[uid] = f"loop head '{uid}' of the checkpoint is not in the job"
                     continue

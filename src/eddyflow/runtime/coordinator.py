@@ -35,6 +35,16 @@ from eddyflow.connectors.sink import Sink
 from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.runtime.events import Barrier
 from eddyflow.runtime.faults import fault_point
+from eddyflow.state.metadata import (
+    CheckpointGraph,
+    CheckpointMetadata,
+    GraphEdge,
+    GraphNode,
+    OperatorState,
+    SubtaskState,
+    TaskStats,
+    read_checkpoint,
+)
 from eddyflow.state.shared import SharedStateRegistry
 from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage, FileHandle
 
@@ -77,6 +87,8 @@ class _Pending:
     started: float
     final: bool
     acks: dict[tuple[int, int], TaskSnapshot] = field(default_factory=dict)
+    #: Each acknowledgement's operator parts, read into the metadata model.
+    parts: dict[tuple[int, int], dict[str, SubtaskState]] = field(default_factory=dict)
     done: anyio.Event = field(default_factory=anyio.Event)
 
 
@@ -127,10 +139,10 @@ class CheckpointCoordinator:
         registry = SharedStateRegistry(storage.root)
         for n in self.retained:
             try:
-                meta = storage.read_metadata(n)
+                meta = read_checkpoint(storage, n)
             except CheckpointCorrupted:
                 continue  # it cannot be restored: its files protect nothing
-            registry.register(n, (str(f["path"]) for f in meta.get("files", [])))
+            registry.register(n, (f.path for f in meta.files))
         registry.collect_garbage()
         return registry
 
@@ -259,7 +271,9 @@ class CheckpointCoordinator:
         p = self._pending_for(checkpoint_id)
         if p is None:
             return  # aborted meanwhile: its files go with its folder
-        p.acks[(task.chain_index, task.subtask)] = snap
+        key = (task.chain_index, task.subtask)
+        p.acks[key] = snap
+        p.parts[key] = {uid: SubtaskState.from_json(part) for uid, part in snap.operators.items()}
         if len(p.acks) == len(self.tasks):
             await self._complete(p)
 
@@ -283,13 +297,16 @@ class CheckpointCoordinator:
         duration = time.monotonic() - p.started
         if self.storage is not None:
             meta = self._metadata(p, duration)
-            await self.storage.write_metadata(p.id, meta)
+            await self.storage.write_metadata(p.id, meta.to_json())
             if self.registry is not None:
-                self.registry.register(p.id, (str(f["path"]) for f in meta["files"]))
+                self.registry.register(p.id, (f.path for f in meta.files))
             self.completed.append(p.id)
             self.retained.append(p.id)
-            self.stats.append({"checkpoint_id": p.id} | {k: meta[k] for k in (
-                "duration", "alignment_duration", "checkpointed_size", "full_size")})
+            self.stats.append({
+                "checkpoint_id": p.id, "duration": meta.duration,
+                "alignment_duration": meta.alignment_duration,
+                "checkpointed_size": meta.checkpointed_size, "full_size": meta.full_size,
+            })
             log.info("checkpoint %d complete in %.3f s", p.id, duration)
         fault_point("sink.before_commit")
         self._commit(p)
@@ -302,10 +319,10 @@ class CheckpointCoordinator:
 
     def _commit(self, p: _Pending) -> None:
         by_sink: dict[str, list[Any]] = {}
-        for snap in p.acks.values():
-            for uid, part in snap.operators.items():
-                if part.get("committables"):
-                    by_sink.setdefault(uid, []).extend(part["committables"])
+        for parts in p.parts.values():
+            for uid, part in parts.items():
+                if part.committables:
+                    by_sink.setdefault(uid, []).extend(part.committables)
         for uid, committables in by_sink.items():
             self.sinks[uid].commit(committables)
 
@@ -367,54 +384,49 @@ class CheckpointCoordinator:
 
     # -- metadata ----------------------------------------------------------
 
-    def _metadata(self, p: _Pending, duration: float) -> dict[str, Any]:
+    def _metadata(self, p: _Pending, duration: float) -> CheckpointMetadata:
         plan = self.plan
         nodes = plan.graph.nodes
-        operators: dict[str, dict[str, Any]] = {
-            n.uid: {"kind": n.kind, "parallelism": plan.parallelism[n.id], "subtasks": {}}
-            for n in nodes
-        }
-        files: dict[str, dict[str, Any]] = {}
-        for (_, subtask), snap in sorted(p.acks.items()):
-            for uid, part in snap.operators.items():
-                operators[uid]["subtasks"][str(subtask)] = part
-            for h in snap.files:
-                files[h.path] = h.to_json()
-        full_size = sum(int(f["size"]) for f in files.values())
+        subtasks: dict[str, dict[int, SubtaskState]] = {n.uid: {} for n in nodes}
+        files: dict[str, FileHandle] = {}
+        for key, parts in sorted(p.parts.items()):
+            for uid, part in parts.items():
+                subtasks[uid][key[1]] = part
+            for h in p.acks[key].files:
+                files[h.path] = h
+        full_size = sum(h.size for h in files.values())
         # Files an earlier retained checkpoint already references were not
         # written by this one (incremental snapshots).
         registry = self.registry
-        written = sum(int(f["size"]) for path, f in files.items()
+        written = sum(h.size for path, h in files.items()
                       if registry is None or not registry.referenced(path))
         names = self.tasks_by_key()
-        return {
-            "job": self.job_name,
-            "mode": self.mode,
-            "final": p.final,
-            "trigger_time": p.trigger_time,
-            "completed_at": time.time(),
-            "duration": duration,
-            "alignment_duration": max((s.alignment_duration for s in p.acks.values()),
-                                      default=0.0),
-            "max_parallelism": plan.max_parallelism,
-            "operators": operators,
-            "graph": {
-                "nodes": [{"id": n.id, "uid": n.uid, "kind": n.kind,
-                           "parallelism": plan.parallelism[n.id]} for n in nodes],
-                "edges": [{"source": e.source, "target": e.target,
-                           "partitioning": e.partitioning.value,
-                           "back_edge": plan.edge_kinds[e.id].value == "back"}
-                          for e in plan.graph.edges],
-            },
-            "files": list(files.values()),
-            "checkpointed_size": written,
-            "full_size": full_size,
-            "tasks": {f"{names[k]}[{k[1]}]": {
-                "alignment_duration": s.alignment_duration,
-                "sync_duration": s.sync_duration,
-                "async_duration": s.async_duration,
-            } for k, s in sorted(p.acks.items())},
-        }
+        return CheckpointMetadata(
+            job=self.job_name,
+            mode=self.mode,
+            final=p.final,
+            trigger_time=p.trigger_time,
+            completed_at=time.time(),
+            duration=duration,
+            alignment_duration=max((s.alignment_duration for s in p.acks.values()),
+                                   default=0.0),
+            max_parallelism=plan.max_parallelism,
+            operators={n.uid: OperatorState(n.kind, plan.parallelism[n.id], subtasks[n.uid])
+                       for n in nodes},
+            graph=CheckpointGraph(
+                nodes=tuple(GraphNode(n.id, n.uid, n.kind, plan.parallelism[n.id])
+                            for n in nodes),
+                edges=tuple(GraphEdge(e.source, e.target, e.partitioning.value,
+                                      plan.edge_kinds[e.id].value == "back")
+                            for e in plan.graph.edges),
+            ),
+            files=tuple(files.values()),
+            checkpointed_size=written,
+            full_size=full_size,
+            tasks={f"{names[k]}[{k[1]}]": TaskStats(s.alignment_duration, s.sync_duration,
+                                                     s.async_duration)
+                   for k, s in sorted(p.acks.items())},
+        )
 
     def tasks_by_key(self) -> dict[tuple[int, int], str]:
         return {(t.chain_index, t.subtask): t.name for t in self.tasks}

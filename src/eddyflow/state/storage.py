@@ -14,7 +14,8 @@ file under a real name. ``_metadata`` carries the size and SHA-256 of every
 file of the checkpoint and a checksum of itself; a checkpoint whose
 ``_metadata`` is missing, unreadable, or does not match its files does not
 exist for recovery (:meth:`CheckpointStorage.latest_valid` skips it with a
-warning naming the file).
+warning naming the file). This module reads and writes ``_metadata`` as JSON
+and checks its envelope; what it says is modelled in ``state/metadata.py``.
 """
 
 from __future__ import annotations
@@ -40,13 +41,39 @@ __all__ = [
     "CheckpointCorrupted",
     "CheckpointStorage",
     "FileHandle",
+    "checkpoint_dir_name",
+    "parse_checkpoint_dir",
 ]
 
 log = logging.getLogger("eddyflow.checkpoints")
 
 METADATA = "_metadata"
 FORMAT_VERSION = 1
-_CHK = re.compile(r"^chk-(\d+)$")
+# Only the names checkpoint_dir_name gives (ASCII digits, no leading zero):
+# "chk-07" would parse to 7, whose folder is "chk-7", another folder.
+_CHECKPOINT_DIR = re.compile(r"chk-(0|[1-9][0-9]*)")
+
+
+def checkpoint_dir_name(checkpoint_id: int) -> str:
+    """The folder name of checkpoint ``checkpoint_id``: ``chk-<n>``."""
+    if checkpoint_id < 0:
+        raise ValueError(f"a checkpoint id is a whole number >= 0, not {checkpoint_id!r}")
+    return f"chk-{checkpoint_id}"
+
+
+def parse_checkpoint_dir(name_or_path: str | os.PathLike[str]) -> int | None:
+    """The id of a checkpoint folder, given its name or path (``…/chk-12``
+    or ``…/chk-12/``: 12), or ``None`` if it is not named as
+    :func:`checkpoint_dir_name` names one."""
+    name = os.path.basename(os.path.normpath(os.fspath(name_or_path)))
+    match = _CHECKPOINT_DIR.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+#: Files verified by this process: absolute path -> (inode, size, mtime,
+#: ctime, expected SHA-256) when they checked out.
+_verified: dict[str, tuple[int, int, int, int, str]] = {}
+_VERIFIED_MAX = 1 << 16
 
 
 class CheckpointCorrupted(Exception):
@@ -137,7 +164,7 @@ class CheckpointStorage:
     # -- layout ----------------------------------------------------------------
 
     def checkpoint_dir(self, checkpoint_id: int) -> str:
-        return os.path.join(self.root, f"chk-{checkpoint_id}")
+        return os.path.join(self.root, checkpoint_dir_name(checkpoint_id))
 
     def ensure(self) -> None:
         os.makedirs(os.path.join(self.root, "shared"), exist_ok=True)
@@ -148,7 +175,7 @@ class CheckpointStorage:
             names = os.listdir(self.root)
         except FileNotFoundError:
             return []
-        return sorted(int(m.group(1)) for n in names if (m := _CHK.match(n)))
+        return sorted(n for name in names if (n := parse_checkpoint_dir(name)) is not None)
 
     # -- writing ---------------------------------------------------------------
 
@@ -229,7 +256,20 @@ class CheckpointStorage:
         return meta
 
     def verify_file(self, handle: FileHandle) -> None:
+        """Check a file against its size and SHA-256. A file this process
+        verified already is not hashed again while its inode, size, mtime
+        and ctime are unchanged (RocksDB checkpoints reference the same
+        shared SST files, checkpoint after checkpoint: verifying each one
+        must not re-read them all every time)."""
         path = os.path.join(self.root, handle.path)
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            raise CheckpointCorrupted(f"{path}: unreadable: {exc}") from exc
+        stamp = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, handle.sha256)
+        key = os.path.abspath(path)
+        if _verified.get(key) == stamp and st.st_size == handle.size:
+            return
         digest = hashlib.sha256()
         size = 0
         try:
@@ -240,6 +280,9 @@ class CheckpointStorage:
         except OSError as exc:
             raise CheckpointCorrupted(f"{path}: unreadable: {exc}") from exc
         _check(path, size, digest.hexdigest(), handle)
+        if len(_verified) > _VERIFIED_MAX:
+            _verified.clear()
+        _verified[key] = stamp
 
     def read_verified(self, handle: FileHandle) -> bytes:
         """A checkpoint file's content, verified against ``handle`` (for

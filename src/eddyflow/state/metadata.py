@@ -1,0 +1,271 @@
+"""The typed model of a checkpoint's ``chk-<n>/_metadata`` (DESIGN.md §6).
+
+The coordinator builds a :class:`CheckpointMetadata` once every task has
+acknowledged a checkpoint and writes its :meth:`~CheckpointMetadata.to_json`;
+:class:`~eddyflow.state.storage.CheckpointStorage` adds its envelope
+(``format_version``, ``checkpoint_id``, ``checksum``) and verifies it on read.
+Whatever reads a checkpoint — restore, ``list_checkpoints``, the command line,
+the offline jobs — reads it through :func:`read_checkpoint` or
+:meth:`CheckpointMetadata.from_json`, not by indexing the JSON.
+
+``to_json`` writes exactly the JSON the runtime has always written, and
+``from_json`` reads every checkpoint written so far: keys it does not know
+are ignored (a subtask's are kept, see :class:`SubtaskState`), and keyed
+state of metadata format 1 (one full file per subtask) is read by
+:meth:`KeyedStateHandle.from_json` (and written back in the current form).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from eddyflow.state.abc import KeyedStateHandle
+from eddyflow.state.storage import METADATA, CheckpointCorrupted, CheckpointStorage, FileHandle
+
+__all__ = [
+    "BackEdgeLog",
+    "CheckpointGraph",
+    "CheckpointMetadata",
+    "GraphEdge",
+    "GraphNode",
+    "OperatorState",
+    "SubtaskState",
+    "TaskStats",
+    "read_checkpoint",
+]
+
+
+@dataclass(frozen=True)
+class BackEdgeLog:
+    """The records in flight on a loop head's back-edges at the barrier."""
+
+    file: FileHandle
+    records: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file.to_json(), "records": self.records}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> BackEdgeLog:
+        return BackEdgeLog(FileHandle.from_json(dict(d["file"])), int(d["records"]))
+
+
+_PART_KEYS = frozenset({"source", "keyed", "committables", "backedge"})
+
+
+@dataclass(frozen=True)
+class SubtaskState:
+    """What one subtask of one operator recorded: a source's position (JSON
+    key ``source``), keyed state, a sink's pending transactions, a loop
+    head's back-edge log.
+
+    A position may itself be ``None``, hence ``is_source``. The task builds
+    these parts (``runtime/task.py``): keys this model does not know yet are
+    kept in ``extra`` and written back, so that the coordinator's pass
+    through the model never drops them from a checkpoint."""
+
+    is_source: bool = False
+    position: Any = None
+    keyed: KeyedStateHandle | None = None
+    committables: tuple[Any, ...] = ()
+    backedge: BackEdgeLog | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out = dict(self.extra)
+        if self.is_source:
+            out["source"] = self.position
+        if self.keyed is not None:
+            out["keyed"] = self.keyed.to_json()
+        if self.committables:
+            out["committables"] = list(self.committables)
+        if self.backedge is not None:
+            out["backedge"] = self.backedge.to_json()
+        return out
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> SubtaskState:
+        keyed, backedge = d.get("keyed"), d.get("backedge")
+        return SubtaskState(
+            is_source="source" in d,
+            position=d.get("source"),
+            keyed=None if keyed is None else KeyedStateHandle.from_json(keyed),
+            committables=tuple(d.get("committables") or ()),
+            backedge=None if backedge is None else BackEdgeLog.from_json(backedge),
+            extra={k: v for k, v in d.items() if k not in _PART_KEYS},
+        )
+
+
+@dataclass(frozen=True)
+class OperatorState:
+    """One operator of the job: its kind, parallelism and subtasks' state
+    (keyed by subtask index; the JSON keys them by its string)."""
+
+    kind: str
+    parallelism: int
+    subtasks: Mapping[int, SubtaskState]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "parallelism": self.parallelism,
+                "subtasks": {str(s): part.to_json() for s, part in self.subtasks.items()}}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> OperatorState:
+        subtasks = {int(s): SubtaskState.from_json(part) for s, part in d["subtasks"].items()}
+        return OperatorState(str(d["kind"]), int(d["parallelism"]), dict(sorted(subtasks.items())))
+
+
+@dataclass(frozen=True)
+class GraphNode:
+    id: int
+    uid: str
+    kind: str
+    parallelism: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "uid": self.uid, "kind": self.kind,
+                "parallelism": self.parallelism}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> GraphNode:
+        return GraphNode(int(d["id"]), str(d["uid"]), str(d["kind"]), int(d["parallelism"]))
+
+
+@dataclass(frozen=True)
+class GraphEdge:
+    source: int
+    target: int
+    partitioning: str
+    back_edge: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source, "target": self.target,
+                "partitioning": self.partitioning, "back_edge": self.back_edge}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> GraphEdge:
+        return GraphEdge(int(d["source"]), int(d["target"]), str(d["partitioning"]),
+                         bool(d["back_edge"]))
+
+
+@dataclass(frozen=True)
+class CheckpointGraph:
+    """The job graph the checkpoint was taken of, for offline tools."""
+
+    nodes: tuple[GraphNode, ...]
+    edges: tuple[GraphEdge, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"nodes": [n.to_json() for n in self.nodes],
+                "edges": [e.to_json() for e in self.edges]}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> CheckpointGraph:
+        return CheckpointGraph(tuple(GraphNode.from_json(n) for n in d["nodes"]),
+                               tuple(GraphEdge.from_json(e) for e in d["edges"]))
+
+
+@dataclass(frozen=True)
+class TaskStats:
+    """How long one task aligned and took the two halves of its snapshot (s)."""
+
+    alignment_duration: float
+    sync_duration: float
+    async_duration: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"alignment_duration": self.alignment_duration,
+                "sync_duration": self.sync_duration, "async_duration": self.async_duration}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> TaskStats:
+        return TaskStats(float(d["alignment_duration"]), float(d["sync_duration"]),
+                         float(d["async_duration"]))
+
+
+@dataclass(frozen=True)
+class CheckpointMetadata:
+    """A completed checkpoint: what every operator subtask recorded, every
+    file it references (with size and SHA-256), and its statistics. Times are
+    Unix times, durations seconds, sizes bytes."""
+
+    job: str
+    mode: str
+    #: Taken at the end of a bounded input.
+    final: bool
+    trigger_time: float
+    completed_at: float
+    duration: float
+    #: The longest alignment of any task.
+    alignment_duration: float
+    max_parallelism: int
+    #: By operator uid.
+    operators: Mapping[str, OperatorState]
+    graph: CheckpointGraph
+    files: tuple[FileHandle, ...]
+    #: What this checkpoint wrote (with incremental state: its new files only).
+    checkpointed_size: int
+    #: All the state it references.
+    full_size: int
+    #: By task name and subtask, ``"<name>[<subtask>]"``.
+    tasks: Mapping[str, TaskStats]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "mode": self.mode,
+            "final": self.final,
+            "trigger_time": self.trigger_time,
+            "completed_at": self.completed_at,
+            "duration": self.duration,
+            "alignment_duration": self.alignment_duration,
+            "max_parallelism": self.max_parallelism,
+            "operators": {uid: op.to_json() for uid, op in self.operators.items()},
+            "graph": self.graph.to_json(),
+            "files": [f.to_json() for f in self.files],
+            "checkpointed_size": self.checkpointed_size,
+            "full_size": self.full_size,
+            "tasks": {name: t.to_json() for name, t in self.tasks.items()},
+        }
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> CheckpointMetadata:
+        """Raises ``ValueError`` if ``d`` is not checkpoint metadata."""
+        try:
+            return CheckpointMetadata(
+                job=str(d["job"]),
+                mode=str(d["mode"]),
+                final=bool(d["final"]),
+                trigger_time=float(d["trigger_time"]),
+                completed_at=float(d["completed_at"]),
+                duration=float(d["duration"]),
+                alignment_duration=float(d["alignment_duration"]),
+                max_parallelism=int(d["max_parallelism"]),
+                operators={uid: OperatorState.from_json(op)
+                           for uid, op in d["operators"].items()},
+                graph=CheckpointGraph.from_json(d["graph"]),
+                files=tuple(FileHandle.from_json(dict(f)) for f in d["files"]),
+                checkpointed_size=int(d["checkpointed_size"]),
+                full_size=int(d["full_size"]),
+                tasks={name: TaskStats.from_json(t) for name, t in d["tasks"].items()},
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            # One kind of error, whatever is missing or mistyped, deep down or not.
+            raise ValueError(
+                f"not checkpoint metadata: {type(exc).__name__}: {exc}") from exc
+
+
+def read_checkpoint(storage: CheckpointStorage, checkpoint_id: int, *,
+                    verify_files: bool = False) -> CheckpointMetadata:
+    """The verified metadata of checkpoint ``checkpoint_id`` (and, with
+    ``verify_files``, every file it references checked against it); raises
+    :class:`CheckpointCorrupted`, naming the file, if anything fails."""
+    raw = storage.verify(checkpoint_id) if verify_files else storage.read_metadata(checkpoint_id)
+    try:
+        return CheckpointMetadata.from_json(raw)
+    except ValueError as exc:
+        path = os.path.join(storage.checkpoint_dir(checkpoint_id), METADATA)
+        raise CheckpointCorrupted(f"{path}: {exc}") from exc
