@@ -409,3 +409,11 @@ def test_key_groups_of_equals_key_group_for_each_key(keys: list[Any], mp: int) -
 def test_key_groups_of_string_keys_takes_the_fast_path_exactly(keys: list[str], mp: int) -> None:
     keys.append("\udcff lone surrogate")
     assert key_groups_of(keys, mp) == [key_group_for(k, mp) for k in keys]
+
+
+def test_max_parallelism_is_capped_with_a_clear_error() -> None:
+    import eddyflow as ef
+
+    ef.StreamEnvironment(max_parallelism=32768)
+    with pytest.raises(ValueError, match="max_parallelism 1000000000 exceeds the limit of 32768"):
+        ef.StreamEnvironment(max_parallelism=10**9)

@@ -28,6 +28,7 @@ from eddyflow.state import (
     MapState,
     MemoryStateBackend,
     ReducingState,
+    RocksDBStateBackend,
     StateBackend,
     ValueState,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "PrintSink",
     "ReducingState",
     "RestartStrategy",
+    "RocksDBStateBackend",
     "RuntimeContext",
     "Sink",
     "SinkWriter",

@@ -17,8 +17,10 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
+    "MAX_PARALLELISM",
     "UnsupportedKeyError",
     "check_key",
+    "fmix32",
     "key_group_for",
     "key_group_range",
     "key_groups_of",
@@ -27,6 +29,10 @@ __all__ = [
 ]
 
 _MASK32 = 0xFFFFFFFF
+
+#: The most key groups a job may have (Flink's cap): a key group is a
+#: two-byte prefix of a RocksDB row.
+MAX_PARALLELISM = 1 << 15
 
 
 class UnsupportedKeyError(TypeError):
@@ -42,6 +48,11 @@ def _fmix32(h: int) -> int:
     h = (h * 0xC2B2AE35) & _MASK32
     h ^= h >> 16
     return h
+
+
+#: The finaliser, for code that takes a string key's crc32 itself (the
+#: RocksDB backend's row keys): ``stable_hash(s) == fmix32(crc32(utf8(s)))``.
+fmix32 = _fmix32
 
 
 def stable_hash(key: Any) -> int:

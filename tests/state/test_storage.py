@@ -16,6 +16,7 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -270,3 +271,31 @@ def test_discard(storage: CheckpointStorage) -> None:
     storage.discard(1)  # again: a no-op
     storage.discard(77)  # never existed
     storage.verify(2)
+
+
+def test_a_verified_file_is_not_hashed_again_until_it_changes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_hashlib = hashlib
+    storage = CheckpointStorage(tmp_path)
+    os.makedirs(tmp_path / "shared")
+    data = b"x" * 1000
+    (tmp_path / "shared" / "f").write_bytes(data)
+    handle = FileHandle("shared/f", len(data), real_hashlib.sha256(data).hexdigest())
+    hashed: list[int] = []
+
+    class Counting:
+        @staticmethod
+        def sha256(*args: Any) -> Any:
+            hashed.append(1)
+            return real_hashlib.sha256(*args)
+
+    monkeypatch.setattr(storage_module, "hashlib", Counting)
+    storage.verify_file(handle)
+    CheckpointStorage(tmp_path).verify_file(handle)  # another instance, same process
+    assert len(hashed) == 1
+    st = os.stat(tmp_path / "shared" / "f")
+    (tmp_path / "shared" / "f").write_bytes(b"y" * 1000)  # same size...
+    os.utime(tmp_path / "shared" / "f", ns=(st.st_atime_ns, st.st_mtime_ns))  # ...and mtime
+    with pytest.raises(CheckpointCorrupted, match="checksum"):
+        storage.verify_file(handle)
+    assert len(hashed) == 2

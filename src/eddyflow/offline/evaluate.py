@@ -149,7 +149,9 @@ def _keyed(spec: Any, uid: str, max_parallelism: int, want_outputs: bool
         op.open()
         try:
             if restored:
-                op.restore_keyed(kinds, restored)
+                backend = getattr(op, "backend", None)
+                assert backend is not None
+                backend.restore(kinds, restored)
             for recs in by_key.values():
                 recs.sort(key=lambda tr: tr[0])
                 if op.one_to_one:
@@ -186,7 +188,9 @@ def _count_partial(key_fn: Callable[[Any], Any], max_parallelism: int
         for _, r in items:
             counts[key_fn(r)] += 1
         for k, n in counts.items():
-            yield key_group_for(k, max_parallelism), (k, n)
+            # Tagged like every item of the merge: a bare (key, n) whose key
+            # is "s" once passed for restored state.
+            yield key_group_for(k, max_parallelism), ("p", k, n)
     return run
 
 
@@ -197,8 +201,8 @@ def _merge_counts(items: Iterable[Any]) -> Iterator[Any]:
     for kg, item in items:
         if item[0] == "s":  # restored state: ("s", name, kind, key, value)
             key, n = item[3], item[4]
-        else:
-            key, n = item
+        else:  # a partial count: ("p", key, n)
+            _, key, n = item
         total = totals.get(key)
         if total is None:
             totals[key] = [kg, n]

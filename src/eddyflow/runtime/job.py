@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +17,7 @@ from eddyflow.backedge.feedback import FeedbackChannel
 from eddyflow.errors import JobFailed
 from eddyflow.graph.logical import Partitioning
 from eddyflow.graph.plan import ExchangeSpec, ExecutionPlan
-from eddyflow.result import JobResult
+from eddyflow.result import JobResult, merge_state
 from eddyflow.runtime.channel import Channel, InputGate
 from eddyflow.runtime.coordinator import CheckpointConfig, CheckpointCoordinator
 from eddyflow.runtime.events import RecordBatch
@@ -324,7 +324,7 @@ class JobRunner:
     def result(self, duration: float) -> JobResult:
         rin: dict[str, int] = {}
         rout: dict[str, int] = {}
-        state: dict[str, dict[str, dict[Any, Any]]] = {}
+        state: dict[str, dict[str, Mapping[Any, Any]]] = {}
         for t in self.tasks:
             if t.source_uid is not None:
                 rout[t.source_uid] = rout.get(t.source_uid, 0) + t.records_read
@@ -336,7 +336,7 @@ class JobRunner:
                 if backend is not None:
                     merged = state.setdefault(op.uid, {})
                     for name, table in backend.tables().items():
-                        merged.setdefault(name, {}).update(table)
+                        merged[name] = merge_state(merged.get(name), table)
         return JobResult(self.job_name, duration, rin, rout,
                          completed_checkpoints=sorted(self.coordinator.completed),
                          final_state=state)

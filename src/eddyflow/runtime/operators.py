@@ -28,6 +28,7 @@ from eddyflow.state.abc import (
     Changes,
     KeyedSnapshot,
     KeyedStateBackend,
+    KeyedStateHandle,
     SnapshotTarget,
     StateBackend,
 )
@@ -148,8 +149,7 @@ class Operator:
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` will never complete."""
 
-    def restore_keyed(self, kinds: dict[str, str],
-                      entries: Iterable[tuple[str, Any, Any]]) -> None:
+    def restore_keyed(self, root: str, handles: list[KeyedStateHandle]) -> None:
         raise TypeError(f"operator '{self.uid}' has no keyed state to restore")
 
 
@@ -267,11 +267,34 @@ class _Keyed(Operator):
         self.table: Any = {}
         # Where writes to the table are recorded; read its ``keys`` per batch.
         self.changes = Changes(False)
+        self._load: Callable[[Any], None] | None = None
 
     def open(self) -> None:
         self.backend = self.ctx.keyed_backend()
         self.table = self.backend.declare(self.state_name, self.state_kind)
         self.changes = self.backend.changes(self.state_name)
+        # A table that caches a database (RocksDB) loads a batch's keys in
+        # one round-trip before the loop looks them up.
+        self._load = getattr(self.table, "load", None)
+
+    def _prefetch(self, batch: list[Any]) -> None:
+        load = self._load
+        if load is None:
+            return
+        kf = self.key_fn
+        keys = []
+        try:
+            for r in batch:
+                keys.append(kf(r))
+            load(keys)
+        except Exception:
+            # The loop meets the failing record (or key) and reports it; the
+            # keys before it must be loaded all the same.
+            for k in keys:
+                try:
+                    load((k,))
+                except Exception:
+                    break
 
     def close(self) -> None:
         # The backend stays reachable: JobResult.state reads it after the run.
@@ -293,10 +316,9 @@ class _Keyed(Operator):
         if self.backend is not None:
             self.backend.notify_checkpoint_aborted(checkpoint_id)
 
-    def restore_keyed(self, kinds: dict[str, str],
-                      entries: Iterable[tuple[str, Any, Any]]) -> None:
+    def restore_keyed(self, root: str, handles: list[KeyedStateHandle]) -> None:
         assert self.backend is not None
-        self.backend.restore(kinds, entries)
+        self.backend.restore_from(root, handles)
 
 
 class _Count(_Keyed):
@@ -304,6 +326,8 @@ class _Count(_Keyed):
     state_name = "count"
 
     def process(self, batch: list[Any]) -> list[Any]:
+        if self._load is not None:
+            self._prefetch(batch)
         kf = self.key_fn
         table = self.table
         get = table.get
@@ -338,6 +362,8 @@ class _Reduce(_Keyed):
         self.fn = fn
 
     def process(self, batch: list[Any]) -> list[Any]:
+        if self._load is not None:
+            self._prefetch(batch)
         kf, fn, table = self.key_fn, self.fn, self.table
         get = table.get
         out: list[Any] = []
@@ -372,6 +398,8 @@ class _Sum(_Keyed):
         self.value_fn = value_fn
 
     def process(self, batch: list[Any]) -> list[Any]:
+        if self._load is not None:
+            self._prefetch(batch)
         kf, vf, table = self.key_fn, self.value_fn, self.table
         get = table.get
         out: list[Any] = []
@@ -406,6 +434,8 @@ class _MapWithState(_Keyed):
         self.fn = fn
 
     def process(self, batch: list[Any]) -> list[Any]:
+        if self._load is not None:
+            self._prefetch(batch)
         kf, fn, table = self.key_fn, self.fn, self.table
         get = table.get
         out: list[Any] = []

@@ -44,7 +44,7 @@ from eddyflow.runtime.loops import LoopTracker
 from eddyflow.runtime.operators import Operator, OperatorSnapshot
 from eddyflow.runtime.writers import KeyRoutingError, RecordWriter
 from eddyflow.state.abc import SnapshotTarget
-from eddyflow.state.storage import FileHandle
+from eddyflow.state.storage import FileHandle, checkpoint_dir_name
 
 if TYPE_CHECKING:
     from eddyflow.runtime.coordinator import CheckpointCoordinator
@@ -786,7 +786,7 @@ class Task:
             if snap is not None:
                 if snap.keyed is not None:
                     keyed = await snap.keyed.write()
-                    files.extend(f.handle for f in keyed.files)
+                    files.extend(keyed.file_handles())
                     part["keyed"] = keyed.to_json()
                 if snap.committables:
                     part["committables"] = snap.committables
@@ -794,7 +794,7 @@ class Task:
         if backlog is not None and storage is not None:
             # The back-edge log belongs to the head operator, first in this task.
             head = self.operators[0].uid
-            rel = f"chk-{n}/{head}-{self.subtask}/backedge-log"
+            rel = f"{checkpoint_dir_name(n)}/{head}-{self.subtask}/backedge-log"
             handle = await write_backedge_log(storage, rel, backlog)
             files.append(handle)
             parts.setdefault(head, {})["backedge"] = {
@@ -809,8 +809,7 @@ class Task:
             if op.keyed:
                 c = op.ctx
                 groups = key_group_range(c.subtask, c.max_parallelism, c.parallelism)
-                kinds, entries = restored.keyed_state(op.uid, groups)
-                op.restore_keyed(kinds, entries)
+                op.restore_keyed(restored.storage.root, restored.keyed_handles(op.uid, groups))
         if self.reader is not None:
             assert self.source_uid is not None
             pos = restored.source_position(self.source_uid, self.subtask, self.parallelism)

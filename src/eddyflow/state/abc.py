@@ -1,5 +1,5 @@
 """The state backend protocol: what a task and the keyed operators may ask of
-keyed state, whatever holds it (memory now, RocksDB next).
+keyed state, whatever holds it (``memory/``, ``rocksdb/``).
 
 As Flink's ``SnapshotStrategy``, the backend owns both halves of its
 snapshot: :meth:`KeyedStateBackend.snapshot` is the *synchronous* half,
@@ -140,11 +140,39 @@ class KeyedStateHandle:
     files: tuple[StateFile, ...] = ()
     #: Files this checkpoint wrote (the others were written by earlier ones).
     new_files: frozenset[str] = field(default_factory=frozenset)
+    #: A RocksDB checkpoint's files: (its name in the database folder, where
+    #: the checkpoint storage holds it).
+    db_files: tuple[tuple[str, FileHandle], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"backend": self.backend, "kinds": dict(self.kinds), "entries": self.entries,
-                "key_groups": [self.key_groups.start, self.key_groups.stop],
-                "files": [f.to_json() for f in self.files]}
+        d: dict[str, Any] = {
+            "backend": self.backend, "kinds": dict(self.kinds), "entries": self.entries,
+            "key_groups": [self.key_groups.start, self.key_groups.stop],
+            "files": [f.to_json() for f in self.files]}
+        if self.db_files:
+            d["db_files"] = [[name, h.to_json()] for name, h in self.db_files]
+        return d
+
+    def file_handles(self) -> list[FileHandle]:
+        """Every file this state needs, for the checkpoint's file list."""
+        return [f.handle for f in self.files] + [h for _, h in self.db_files]
+
+    def read(self, root: str, *, key_groups: range | None = None, max_parallelism: int = 0,
+             with_groups: bool = False) -> Iterator[tuple[int, str, Any, Any]]:
+        """``(key_group, state, key, value)`` of the entries in ``key_groups``
+        (all when ``None``), whatever backend wrote them; a memory
+        snapshot's deltas in the order they apply (deletions as ``DELETED``);
+        key groups are ``-1`` unless known or ``with_groups``."""
+        if self.backend == "rocksdb":
+            from eddyflow.state.rocksdb.reader import read_handle
+
+            for name, kg, key, value in read_handle(root, self, key_groups):
+                yield kg, name, key, value
+            return
+        owner = self.key_groups if len(self.key_groups) else None
+        for f in self.files:
+            yield from f.entries(root, key_groups=key_groups, owner=owner,
+                                 max_parallelism=max_parallelism, with_groups=with_groups)
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> KeyedStateHandle:
@@ -156,8 +184,10 @@ class KeyedStateHandle:
             files = tuple(StateFile.from_json(f) for f in d["files"])
             start, stop = d["key_groups"]
             groups = range(int(start), int(stop))
+        db_files = tuple((str(name), FileHandle.from_json(dict(h)))
+                         for name, h in d.get("db_files", ()))
         return KeyedStateHandle(str(d.get("backend", "memory")), dict(d["kinds"]),
-                                int(d.get("entries", 0)), groups, files)
+                                int(d.get("entries", 0)), groups, files, db_files=db_files)
 
 
 @dataclass(frozen=True)
@@ -240,6 +270,18 @@ class KeyedStateBackend(ABC):
         for name, kind in kinds.items():
             self.declare(name, kind)
         return apply_entries(self._table, entries)
+
+    def restore_from(self, root: str, handles: list[KeyedStateHandle]) -> int:
+        """Load the state of this backend's key groups from the handles of
+        the old subtasks that held some of them (any backend's)."""
+        mp = self.max_parallelism
+        entries = ((name, key, value) for h in handles
+                   for _, name, key, value in h.read(root, key_groups=self.key_groups,
+                                                     max_parallelism=mp))
+        kinds: dict[str, str] = {}
+        for h in handles:
+            kinds.update(h.kinds)
+        return self.restore(kinds, entries)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:  # noqa: B027
         """Checkpoint ``checkpoint_id`` is durable: what it wrote may be built on."""

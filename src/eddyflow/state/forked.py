@@ -60,6 +60,7 @@ class ChildWork:
         self._result = result
         self._error = error
         self._reading = False
+        self._exited = False
 
     async def result(self) -> Any:
         """``fn``'s return value; ``OSError`` if it raised (its message says
@@ -86,11 +87,19 @@ class ChildWork:
     def cancel(self) -> None:
         """Stop the child (if it still runs) and reap it; if :meth:`result`
         is waiting for it, that wait ends with an ``OSError`` and reaps."""
-        if self._pid is not None:
+        if self._pid is not None and not self._exited:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self._pid, signal.SIGKILL)
         if not self._reading:
             self._reap()
+
+    def wait_exit(self) -> None:
+        """Block until the child has exited (its answer stays readable):
+        for a caller that learns the outcome from the files it wrote."""
+        if self._pid is not None and not self._exited:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self._pid, 0)
+            self._exited = True
 
     def _reap(self) -> None:
         fd, self._fd = self._fd, None
@@ -99,8 +108,9 @@ class ChildWork:
                 os.close(fd)
         pid, self._pid = self._pid, None
         if pid is not None:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
+            if not self._exited:  # (once reaped, the pid may be another's)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
             _unfreeze()
 
     def __del__(self) -> None:

@@ -10,6 +10,9 @@ object (a dict, a list, an object of its own) is recorded too: code that
 changes such a value in place and never writes it back still changed the
 state, and the heap (which the memory backend keeps) holds the change.
 
+A RocksDB map or list table stores an entry or an element per row; the
+handles then change it an entry or an element at a time (``self._rows``).
+
 Snapshots need no copy-on-write here: the memory backend's snapshot reads a
 copy-on-write image of the process taken at the barrier (``state/forked.py``).
 """
@@ -32,13 +35,16 @@ _MISSING: Any = object()
 
 
 class _Handle:
-    __slots__ = ("_backend", "_changes", "_table", "name")
+    __slots__ = ("_backend", "_changes", "_rows", "_table", "name")
 
     def __init__(self, backend: KeyedStateBackend, name: str, kind: str) -> None:
         self._backend = backend
         self._table = backend.declare(name, kind)
         self._changes: Changes = backend.changes(name)
         self.name = name
+        # A table that is not a dict stores a map or a list as rows (RocksDB):
+        # it is changed an entry or an element at a time.
+        self._rows: Any = None if isinstance(self._table, dict) else self._table
 
     def _put(self, key: Any, value: Any) -> None:
         self._table[key] = value
@@ -58,6 +64,9 @@ class _Handle:
     def clear(self) -> None:
         """Forget the current key's value."""
         key = self._backend.current_key
+        if self._rows is not None:
+            self._rows.clear_key(key)
+            return
         if self._table.pop(key, _MISSING) is not _MISSING:
             written = self._changes.keys
             if written is not None:
@@ -98,6 +107,8 @@ class ListState(_Handle, Generic[T]):
         super().__init__(backend, name, "list")
 
     def get(self) -> list[T]:
+        if self._rows is not None:
+            return cast(list[T], self._rows.elements(self._backend.current_key))
         return list(self._table.get(self._backend.current_key, ()))
 
     def __iter__(self) -> Iterator[T]:
@@ -105,6 +116,9 @@ class ListState(_Handle, Generic[T]):
 
     def add(self, v: T) -> None:
         key = self._backend.current_key
+        if self._rows is not None:
+            self._rows.append(key, (v,))
+            return
         items = self._table.get(key)
         if items is None:
             items = [v]
@@ -114,6 +128,9 @@ class ListState(_Handle, Generic[T]):
 
     def add_all(self, vs: Iterable[T]) -> None:
         key = self._backend.current_key
+        if self._rows is not None:
+            self._rows.append(key, list(vs))
+            return
         items = self._table.get(key)
         if items is None:
             items = list(vs)
@@ -124,6 +141,9 @@ class ListState(_Handle, Generic[T]):
 
     def update(self, vs: Iterable[T]) -> None:
         items = list(vs)
+        if self._rows is not None:
+            self._rows[self._backend.current_key] = items
+            return
         if items:
             self._put(self._backend.current_key, items)
         else:
@@ -139,10 +159,14 @@ class MapState(_Handle, Generic[K, V]):
         super().__init__(backend, name, "map")
 
     def _map(self) -> dict[K, V]:
+        if self._rows is not None:
+            return cast(dict[K, V], self._rows.entries(self._backend.current_key))
         return self._table.get(self._backend.current_key) or {}
 
     def get(self, k: K, default: V | None = None) -> V | None:
         key = self._backend.current_key
+        if self._rows is not None:
+            return cast(V | None, self._rows.get_entry(key, k, default))
         v = self._map().get(k, _MISSING)
         if v is _MISSING:
             return default
@@ -150,6 +174,9 @@ class MapState(_Handle, Generic[K, V]):
 
     def put(self, k: K, v: V) -> None:
         key = self._backend.current_key
+        if self._rows is not None:
+            self._rows.put_entry(key, k, v)
+            return
         m = self._table.get(key)
         if m is None:
             m = {}
@@ -157,10 +184,16 @@ class MapState(_Handle, Generic[K, V]):
         self._put(key, m)
 
     def __contains__(self, k: object) -> bool:
+        if self._rows is not None:
+            key = self._backend.current_key
+            return self._rows.get_entry(key, k, _MISSING) is not _MISSING
         return k in self._map()
 
     def remove(self, k: K) -> None:
         key = self._backend.current_key
+        if self._rows is not None:
+            self._rows.remove_entry(key, k)
+            return
         m = self._table.get(key)
         if m is not None and k in m:
             del m[k]

@@ -1,0 +1,201 @@
+"""How keyed state is laid out in RocksDB: row keys as bytes.
+
+A row key is ``<key group: 2 bytes big-endian><state name length: 1
+byte><state name><key>``, and for map and list state one more component (the
+map key, or an 8-byte sequence number). The key group comes first so that one
+key group is one contiguous range of the database: a restore at another
+parallelism copies exactly the ranges a subtask now owns, without decoding a
+row. Two bytes cap ``max_parallelism`` at :data:`MAX_PARALLELISM` (as Flink
+caps it at 32768).
+
+The key encoding is *canonical*: keys equal as Python dict keys (``1``,
+``1.0``, ``True``; a ``StrEnum`` and its string) encode to the same bytes, as
+they are one entry in the memory backend; and *self-delimiting* (a length
+before every variable part), so no key's encoding is a prefix of another's
+and a key can be followed by a map key. The supported types are those with a
+stable hash (:mod:`eddyflow.keygroups`): ``None``, ``bool``, ``int``,
+``float``, ``str``, ``bytes`` and tuples of them.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import struct
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+from eddyflow.keygroups import (
+    MAX_PARALLELISM,
+    UnsupportedKeyError,
+    fmix32,
+    key_group_for,
+    key_groups_of,
+)
+
+__all__ = [
+    "MAX_PARALLELISM",
+    "StatePrefix",
+    "decode_key",
+    "encode_key",
+    "key_group_of_row",
+    "key_group_prefix",
+]
+
+
+_NONE, _INT, _BIGINT, _FLOAT, _STR, _BYTES, _TUPLE = range(7)
+_Q = struct.Struct(">q")
+_D = struct.Struct(">d")
+_KG = struct.Struct(">H")
+
+
+def _length(n: int) -> bytes:
+    return bytes((n,)) if n < 0xFF else b"\xff" + n.to_bytes(4, "big")
+
+
+def encode_key(key: Any) -> bytes:
+    """The canonical, self-delimiting encoding of ``key``."""
+    t = type(key)
+    if t is str:
+        b: bytes = key.encode("utf-8", "surrogatepass")
+        return b"\x04" + _length(len(b)) + b
+    if t is int or t is bool:
+        k = int(key)
+        if -(1 << 63) <= k < (1 << 63):
+            return b"\x01" + _Q.pack(k)
+        raw = k.to_bytes((k.bit_length() + 8) // 8, "big", signed=True)
+        return b"\x02" + _length(len(raw)) + raw
+    if t is float:
+        if math.isfinite(key) and key.is_integer():
+            return encode_key(int(key))  # 1.0 == 1: one key
+        return b"\x03" + _D.pack(key)
+    if t is bytes:
+        raw_key: bytes = key
+        return b"\x05" + _length(len(raw_key)) + raw_key
+    if t is tuple:
+        return b"\x06" + _length(len(key)) + b"".join(map(encode_key, key))
+    if key is None:
+        return b"\x00"
+    # Subclasses equal their base value as dict keys (see keygroups.stable_hash).
+    bases: tuple[Any, ...] = (bool, int, str, bytes, float, tuple)
+    for base in bases:
+        if isinstance(key, base):
+            return encode_key(str.__str__(key) if base is str else base(key))
+    raise UnsupportedKeyError(
+        f"key {key!r} of type {t.__name__} cannot be stored in RocksDB; key_by must return "
+        "str, bytes, int, float, bool, None or a tuple of these"
+    )
+
+
+def _read_length(b: bytes, i: int) -> tuple[int, int]:
+    n = b[i]
+    if n < 0xFF:
+        return n, i + 1
+    return int.from_bytes(b[i + 1:i + 5], "big"), i + 5
+
+
+def decode_key(b: bytes, i: int = 0) -> tuple[Any, int]:
+    """The key encoded at ``b[i:]`` and the offset just after it."""
+    tag = b[i]
+    i += 1
+    if tag == _STR:
+        n, i = _read_length(b, i)
+        return b[i:i + n].decode("utf-8", "surrogatepass"), i + n
+    if tag == _INT:
+        return _Q.unpack_from(b, i)[0], i + 8
+    if tag == _NONE:
+        return None, i
+    if tag == _FLOAT:
+        return _D.unpack_from(b, i)[0], i + 8
+    if tag == _BYTES:
+        n, i = _read_length(b, i)
+        return bytes(b[i:i + n]), i + n
+    if tag == _BIGINT:
+        n, i = _read_length(b, i)
+        return int.from_bytes(b[i:i + n], "big", signed=True), i + n
+    if tag == _TUPLE:
+        n, i = _read_length(b, i)
+        items = []
+        for _ in range(n):
+            item, i = decode_key(b, i)
+            items.append(item)
+        return tuple(items), i
+    raise ValueError(f"not an eddyflow key encoding: tag {tag} at offset {i - 1}")
+
+
+_UTF8 = operator.methodcaller("encode", "utf-8", "surrogatepass")
+#: The encoding header of a string of n < 255 bytes.
+_STR_HEADERS = [b"\x04" + bytes((n,)) for n in range(0xFF)]
+
+
+def key_group_prefix(key_group: int) -> bytes:
+    """The first bytes of every row of ``key_group``."""
+    return _KG.pack(key_group)
+
+
+def key_group_of_row(row: bytes) -> int:
+    return int(_KG.unpack_from(row)[0])
+
+
+class StatePrefix:
+    """Row keys of one state: ``prefix(key)`` for one key, ``prefixes(keys)``
+    for a batch (key groups hashed at close to C speed for string keys)."""
+
+    __slots__ = ("_by_group", "max_parallelism", "name", "tag")
+
+    def __init__(self, name: str, max_parallelism: int) -> None:
+        raw = name.encode("utf-8")
+        if len(raw) > 0xFF:
+            raise ValueError(f"state name {name!r} is longer than 255 bytes")
+        self.name = name
+        self.tag = bytes((len(raw),)) + raw
+        self.max_parallelism = max_parallelism
+        self._by_group: dict[int, bytes] = {}
+
+    def _group(self, kg: int) -> bytes:
+        p = self._by_group.get(kg)
+        if p is None:
+            p = self._by_group[kg] = _KG.pack(kg) + self.tag
+        return p
+
+    def prefix(self, key: Any) -> bytes:
+        return self._group(key_group_for(key, self.max_parallelism)) + encode_key(key)
+
+    def prefixes(self, keys: Sequence[Any]) -> list[bytes]:
+        if set(map(type, keys)) == {str}:
+            return self._str_prefixes(keys)
+        groups = map(self._group, key_groups_of(keys, self.max_parallelism))
+        return [g + e for g, e in zip(groups, map(encode_key, keys), strict=True)]
+
+    def _str_prefixes(self, keys: Sequence[str]) -> list[bytes]:
+        """:meth:`prefixes` of string keys (the common case), the same bytes
+        at a third of the cost: each key encoded once, its crc32 and
+        encoding's length header taken at C speed or from a table
+        (profiled: 1.8 of 3.8 s of a 464k-key flush went to the generic path)."""
+        utf8 = list(map(_UTF8, keys))
+        mp = self.max_parallelism
+        by_group = self._by_group
+        group = self._group
+        out: list[bytes] = []
+        append = out.append
+        for crc, e in zip(map(zlib.crc32, utf8), utf8, strict=True):
+            kg = fmix32(crc) % mp
+            n = len(e)
+            append((by_group.get(kg) or group(kg))
+                   + (_STR_HEADERS[n] if n < 0xFF else b"\x04\xff" + n.to_bytes(4, "big")) + e)
+        return out
+
+    def split(self, row: bytes) -> tuple[Any, bytes]:
+        """A row of this state: its key and what follows the key."""
+        key, end = decode_key(row, 2 + len(self.tag))
+        return key, row[end:]
+
+
+def split_row(row: bytes) -> tuple[int, str, Any, bytes]:
+    """``(key group, state name, key, rest)`` of any row."""
+    kg = key_group_of_row(row)
+    n = row[2]
+    name = row[3:3 + n].decode("utf-8")
+    key, end = decode_key(row, 3 + n)
+    return kg, name, key, row[end:]

@@ -1,0 +1,66 @@
+"""Reading keyed state out of a RocksDB database or a RocksDB checkpoint
+handle: rows decoded back into ``(state, key group, key, value)``, map and
+list rows assembled into whole dicts and lists. Used by restores into
+another backend, the offline (Spark) readers and ``JobResult.state``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from eddyflow.state.rocksdb.files import materialise, open_db, scan
+from eddyflow.state.rocksdb.keys import key_group_prefix, split_row
+from eddyflow.state.rocksdb.tables import assemble
+
+if TYPE_CHECKING:
+    from eddyflow.state.abc import KeyedStateHandle
+
+__all__ = ["read_handle", "read_rows"]
+
+
+def read_rows(db: Any, kinds: Mapping[str, str], key_groups: range | None,
+              loads: Callable[[bytes], Any] = pickle.loads
+              ) -> Iterator[tuple[str, int, Any, Any]]:
+    """``(state, key group, key, value)`` of every row of ``db`` in
+    ``key_groups`` (all of them when ``None``), whole values assembled."""
+    lower = key_group_prefix(key_groups.start) if key_groups else b""
+    upper = (key_group_prefix(key_groups.stop) if key_groups and key_groups.stop < (1 << 16)
+             else b"\xff\xff\xff")
+    # Rows come in (key group, state, key) order: assemble runs of one state.
+    run: list[tuple[Any, bytes, Any]] = []
+    last: tuple[int, str] = (-1, "")
+    for row, v in scan(db, lower, upper):
+        kg, name, key, rest = split_row(row)
+        if (kg, name) != last:
+            if run:
+                for k, value in assemble(kinds.get(last[1], "value"), run):
+                    yield last[1], last[0], k, value
+            run = []
+            last = (kg, name)
+        run.append((key, rest, loads(v)))
+    if run:
+        for k, value in assemble(kinds.get(last[1], "value"), run):
+            yield last[1], last[0], k, value
+
+
+def read_handle(root: str, handle: KeyedStateHandle, key_groups: range | None = None,
+                local_dir: str | None = None) -> Iterator[tuple[str, int, Any, Any]]:
+    """The entries of a RocksDB checkpoint handle in ``key_groups``: its
+    files are copied (and verified) into a temporary folder (under
+    ``local_dir``, by default the system's) and opened read-only."""
+    folder = tempfile.mkdtemp(prefix="eddyflow-read-", dir=local_dir)
+    try:
+        db_dir = os.path.join(folder, "db")
+        materialise(root, dict(handle.db_files), db_dir)
+        db = open_db(db_dir, read_only=True)
+        try:
+            yield from read_rows(db, handle.kinds, key_groups)
+        finally:
+            db.close()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

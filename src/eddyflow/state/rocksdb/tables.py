@@ -1,0 +1,436 @@
+"""The tables of the RocksDB backend: a bounded write cache in front of the
+database, flushed with one ``WriteBatch``.
+
+*Value* state (also reducing state, and the built-in ``count``, ``sum``,
+``reduce``, ``map_with_state`` operators) is a :class:`ValueTable`: a
+``dict`` subclass that *is* the cache, so the operators' per-record
+``get``/``__setitem__``/``pop`` run at C speed with no RocksDB round-trip.
+Keys are brought into the cache a batch at a time (:meth:`ValueTable.load`,
+one multi-get) before the operator looks at them, and the keys written are
+the table's :class:`~eddyflow.state.abc.Changes`, as in the memory backend:
+at a flush the cache's value of each written key is put, or deleted when the
+cache no longer holds it. The cache is *authoritative* for every key it has
+loaded (present, or known absent); a fresh, empty database needs no reads at
+all until the cache is first evicted.
+
+*Map* state is stored a row per map entry and *list* state a row per
+element (an 8-byte sequence number after the key), so a key with a large map
+or list costs what changes: :class:`MapTable` and :class:`ListTable` keep an
+overlay of pending changes and read the rest from the database.
+
+Whatever is flushed is serialised at the flush; a snapshot flushes at the
+barrier, so it records the bytes of the state as it was then.
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
+from typing import Any, Protocol
+
+from eddyflow.state.abc import Changes, Written
+from eddyflow.state.rocksdb.keys import StatePrefix, encode_key
+from eddyflow.values import SCALARS
+
+__all__ = ["MISSING", "ListTable", "MapTable", "RowStore", "Serializer", "ValueTable", "rows_of"]
+
+_MISSING: Any = object()
+#: The value of a key written and then removed.
+MISSING: Any = _MISSING
+_GONE: Any = object()
+_SEQ = struct.Struct(">Q")
+#: Above every row of a key: after its value row, its map entries (a map
+#: key's encoding starts with a tag below 7) and its list rows (a sequence
+#: number's first byte is far below 0xff).
+_AFTER = b"\xff"
+
+
+class Serializer(Protocol):
+    def dumps(self, obj: Any) -> bytes: ...
+
+    def loads(self, data: bytes) -> Any: ...
+
+
+class RowStore(Protocol):
+    """What the tables need of their backend's database."""
+
+    serializer: Serializer
+
+    @property
+    def busy(self) -> bool:
+        """A snapshot's checkpoint of the database is not taken yet: nothing
+        may be written to it (the caches may outgrow their bound meanwhile)."""
+
+    def get(self, row: bytes) -> bytes | None: ...
+
+    def get_many(self, rows: list[bytes]) -> list[bytes | None]: ...
+
+    def scan(self, lower: bytes, upper: bytes) -> Iterator[tuple[bytes, bytes]]: ...
+
+    def last_row(self, lower: bytes, upper: bytes) -> bytes | None: ...
+
+    def write(self, batch: Batch) -> None: ...
+
+
+class Batch(Protocol):
+    def put(self, key: bytes, value: bytes) -> None: ...
+
+    def delete(self, key: bytes) -> None: ...
+
+    def delete_range(self, begin: bytes, end: bytes) -> None: ...
+
+
+class ValueTable(dict[Any, Any]):
+    """Key -> value, the cache of one state (see the module docstring)."""
+
+    def __init__(self, store: RowStore, name: str, max_parallelism: int, changes: Changes,
+                 limit: int, complete: bool) -> None:
+        super().__init__()
+        self.store = store
+        self.rows = StatePrefix(name, max_parallelism)
+        self.changes = changes
+        self.limit = limit
+        #: Nothing exists in the database that the cache does not hold.
+        self.complete = complete
+        #: Keys whose cache entry is authoritative (unless ``complete``).
+        self.known: set[Any] = set()
+
+    def load(self, keys: Iterable[Any]) -> None:
+        """Bring ``keys`` into the cache (one multi-get for those it lacks)."""
+        if self.complete:
+            if len(self) <= self.limit or self.store.busy:
+                return
+            self.evict()
+        wanted = dict.fromkeys(keys)
+        known = self.known
+        # Evict first: what is missing is decided on what stays.
+        if len(known) + len(wanted) > self.limit and not self.store.busy:
+            self.evict()
+            known = self.known
+        missing = [k for k in wanted if k not in known]
+        if not missing:
+            return
+        raws = self.store.get_many(self.rows.prefixes(missing))
+        loads = self.store.serializer.loads
+        known.update(missing)
+        for k, raw in zip(missing, raws, strict=True):
+            if raw is not None:
+                dict.__setitem__(self, k, loads(raw))
+
+    def load_one(self, key: Any) -> None:
+        if self.complete or key in self.known:
+            return
+        if len(self.known) >= self.limit and not self.store.busy:
+            self.evict()
+            if key in self.known:
+                return
+        raw = self.store.get(self.rows.prefix(key))
+        self.known.add(key)
+        if raw is not None:
+            dict.__setitem__(self, key, self.store.serializer.loads(raw))
+
+    def flush_into(self, batch: Batch) -> int:
+        """Put (or delete) every key written since the last flush into
+        ``batch``; returns how many."""
+        return self.write_into(batch, self.changes.take())
+
+    def write_into(self, batch: Batch, written: Written) -> int:
+        rows, values = rows_of(self, self.rows, written)
+        dumps = self.store.serializer.dumps
+        put, delete = batch.put, batch.delete
+        for row, v in zip(rows, values, strict=True):
+            if v is MISSING:
+                delete(row)
+            else:
+                put(row, dumps(v))
+        return len(rows)
+
+    def rewrite(self, written: Written) -> None:
+        """Record ``written`` as written again (a snapshot that was to write
+        them was abandoned)."""
+        one_by_one, batches = written
+        keys = self.changes.keys
+        assert keys is not None
+        keys.update(one_by_one)
+        for b in batches:
+            keys.update(dict.fromkeys(b))
+
+    def evict(self) -> None:
+        """Write what changed and drop the older half of the cache (by when
+        a key entered it: a dict keeps that order for free)."""
+        batch = new_batch()
+        if self.flush_into(batch):
+            self.store.write(batch)
+        drop = list(itertools.islice(iter(self), len(self) - len(self) // 2))
+        for k in drop:
+            dict.__delitem__(self, k)
+        # What stays is authoritative; keys known to be absent are forgotten.
+        self.known = set(self)
+        self.complete = False
+
+    def replace(self, key: Any, value: Any) -> None:
+        """Set ``key`` (a restore's entry), recorded as written."""
+        if not self.complete:
+            self.known.add(key)
+        self[key] = value
+        written = self.changes.keys
+        assert written is not None
+        written[key] = None
+
+    def remove(self, key: Any) -> None:
+        if not self.complete:
+            self.known.add(key)
+        self.pop(key, None)
+        written = self.changes.keys
+        assert written is not None
+        written[key] = None
+
+
+def rows_of(table: dict[Any, Any], prefix: StatePrefix, written: Written
+            ) -> tuple[list[bytes], list[Any]]:
+    """The rows of the keys in ``written`` and their values in ``table``
+    (``MISSING``: removed since)."""
+    one_by_one, batches = written
+    keys = dict(one_by_one)
+    for b in batches:
+        keys.update(dict.fromkeys(b))
+    if not keys:
+        return [], []
+    listed = list(keys)
+    return prefix.prefixes(listed), list(map(table.get, listed, itertools.repeat(_MISSING)))
+
+
+def new_batch() -> Batch:
+    from rocksdict import WriteBatch
+
+    batch: Batch = WriteBatch(raw_mode=True)
+    return batch
+
+
+class _RowTable(MutableMapping[Any, Any]):
+    """Common ground of map and list tables: a pending overlay per key."""
+
+    def __init__(self, store: RowStore, name: str, max_parallelism: int, limit: int) -> None:
+        self.store = store
+        self.rows = StatePrefix(name, max_parallelism)
+        self.limit = limit
+        self._cleared: set[Any] = set()
+
+    def _scan(self, key: Any) -> Iterator[tuple[bytes, bytes]]:
+        p = self.rows.prefix(key)
+        n = len(p)
+        for row, raw in self.store.scan(p, p + _AFTER):
+            yield row[n:], raw
+
+    def _pending_size(self) -> int:
+        raise NotImplementedError
+
+    def flush_into(self, batch: Batch) -> int:
+        raise NotImplementedError
+
+    def maybe_flush(self) -> None:
+        if self._pending_size() > self.limit and not self.store.busy:
+            batch = new_batch()
+            self.flush_into(batch)
+            self.store.write(batch)
+
+    # The whole-value view (restore, inspection): key -> dict or list.
+    def __iter__(self) -> Iterator[Any]:
+        raise TypeError("iterate a RocksDB table through its backend's views")
+
+    def __len__(self) -> int:
+        raise TypeError("count a RocksDB table through its backend's views")
+
+
+class MapTable(_RowTable):
+    """Key -> {map key: value}, a row per map entry."""
+
+    def __init__(self, store: RowStore, name: str, max_parallelism: int, limit: int) -> None:
+        super().__init__(store, name, max_parallelism, limit)
+        self._pending: dict[Any, dict[Any, Any]] = {}
+
+    def _pending_size(self) -> int:
+        return sum(map(len, self._pending.values())) + len(self._cleared)
+
+    def _lend(self, key: Any, mk: Any, v: Any) -> Any:
+        # A mutable value handed to user code may be changed in place: it
+        # is written again at the next flush.
+        if type(v) not in SCALARS:
+            self._pending.setdefault(key, {})[mk] = v
+        return v
+
+    def get_entry(self, key: Any, mk: Any, default: Any = None) -> Any:
+        p = self._pending.get(key)
+        if p is not None:
+            v = p.get(mk, _MISSING)
+            if v is not _MISSING:
+                return default if v is _GONE else v
+        if key in self._cleared:
+            return default
+        raw = self.store.get(self.rows.prefix(key) + encode_key(mk))
+        if raw is None:
+            return default
+        return self._lend(key, mk, self.store.serializer.loads(raw))
+
+    def put_entry(self, key: Any, mk: Any, v: Any) -> None:
+        encode_key(mk)  # reject a map key RocksDB cannot store, now
+        self._pending.setdefault(key, {})[mk] = v
+        self.maybe_flush()
+
+    def remove_entry(self, key: Any, mk: Any) -> None:
+        self._pending.setdefault(key, {})[mk] = _GONE
+
+    def entries(self, key: Any) -> dict[Any, Any]:
+        """Every entry of ``key``'s map (mutable values count as written)."""
+        out: dict[Any, Any] = {}
+        if key not in self._cleared:
+            loads = self.store.serializer.loads
+            for rest, raw in self._scan(key):
+                if rest:
+                    mk, _ = _decode(rest)
+                    out[mk] = loads(raw)
+        for mk, v in self._pending.get(key, {}).items():
+            if v is _GONE:
+                out.pop(mk, None)
+            else:
+                out[mk] = v
+        for mk, v in out.items():
+            self._lend(key, mk, v)
+        return out
+
+    def clear_key(self, key: Any) -> None:
+        self._pending.pop(key, None)
+        self._cleared.add(key)
+
+    def flush_into(self, batch: Batch) -> int:
+        n = 0
+        for key in self._cleared:
+            p = self.rows.prefix(key)
+            batch.delete_range(p, p + _AFTER)
+            n += 1
+        dumps = self.store.serializer.dumps
+        for key, entries in self._pending.items():
+            p = self.rows.prefix(key)
+            for mk, v in entries.items():
+                row = p + encode_key(mk)
+                if v is _GONE:
+                    batch.delete(row)
+                else:
+                    batch.put(row, dumps(v))
+                n += 1
+        self._cleared = set()
+        self._pending = {}
+        return n
+
+    def __getitem__(self, key: Any) -> dict[Any, Any]:
+        out = self.entries(key)
+        if not out:
+            raise KeyError(key)
+        return out
+
+    def __setitem__(self, key: Any, value: dict[Any, Any]) -> None:
+        self.clear_key(key)
+        self._pending[key] = dict(value)
+        self.maybe_flush()
+
+    def __delitem__(self, key: Any) -> None:
+        self.clear_key(key)
+
+
+class ListTable(_RowTable):
+    """Key -> [elements], a row per element: appending writes one row."""
+
+    def __init__(self, store: RowStore, name: str, max_parallelism: int, limit: int) -> None:
+        super().__init__(store, name, max_parallelism, limit)
+        #: key -> elements appended since the last flush (after the stored
+        #: ones, or instead of them when the key is in ``_cleared``)
+        self._pending: dict[Any, list[Any]] = {}
+
+    def _pending_size(self) -> int:
+        return sum(map(len, self._pending.values())) + len(self._cleared)
+
+    def elements(self, key: Any) -> list[Any]:
+        out: list[Any] = []
+        if key not in self._cleared:
+            loads = self.store.serializer.loads
+            out = [loads(raw) for rest, raw in self._scan(key) if rest]
+        out.extend(self._pending.get(key, ()))
+        return out
+
+    def append(self, key: Any, items: Iterable[Any]) -> None:
+        self._pending.setdefault(key, []).extend(items)
+        self.maybe_flush()
+
+    def clear_key(self, key: Any) -> None:
+        self._pending.pop(key, None)
+        self._cleared.add(key)
+
+    def flush_into(self, batch: Batch) -> int:
+        n = 0
+        dumps = self.store.serializer.dumps
+        for key in self._cleared:
+            p = self.rows.prefix(key)
+            batch.delete_range(p, p + _AFTER)
+            n += 1
+        for key, items in self._pending.items():
+            if not items:
+                continue
+            p = self.rows.prefix(key)
+            seq = 0
+            if key not in self._cleared:
+                last = self.store.last_row(p, p + _AFTER)
+                if last is not None and len(last) == len(p) + _SEQ.size:
+                    seq = _SEQ.unpack_from(last, len(p))[0] + 1
+            for i, v in enumerate(items, seq):
+                batch.put(p + _SEQ.pack(i), dumps(v))
+                n += 1
+        self._cleared = set()
+        self._pending = {}
+        return n
+
+    def __getitem__(self, key: Any) -> list[Any]:
+        out = self.elements(key)
+        if not out:
+            raise KeyError(key)
+        return out
+
+    def __setitem__(self, key: Any, value: Iterable[Any]) -> None:
+        self.clear_key(key)
+        self._pending[key] = list(value)
+        self.maybe_flush()
+
+    def __delitem__(self, key: Any) -> None:
+        self.clear_key(key)
+
+
+def _decode(rest: bytes) -> tuple[Any, int]:
+    from eddyflow.state.rocksdb.keys import decode_key
+
+    return decode_key(rest)
+
+
+def assemble(kind: str, key_rest_values: Iterable[tuple[Any, bytes, Any]]
+             ) -> Iterator[tuple[Any, Any]]:
+    """Whole values from rows in key order: ``(key, rest of the row key,
+    value)`` -> ``(key, value)``, a dict for map state, a list for list state."""
+    if kind not in ("map", "list"):
+        for key, _, value in key_rest_values:
+            yield key, value
+        return
+    for key, rows in itertools.groupby(key_rest_values, key=_first):
+        if kind == "map":
+            m = {_decode(rest)[0]: v for _, rest, v in rows if rest}
+            if m:
+                yield key, m
+        else:
+            items = [v for _, rest, v in rows if rest]
+            if items:
+                yield key, items
+
+
+def _first(t: tuple[Any, bytes, Any]) -> Any:
+    return t[0]
+
+
+Loads = Callable[[bytes], Any]

@@ -1,0 +1,310 @@
+"""The RocksDB backend on its own: key layout, write cache, state kinds,
+snapshots (incremental, isolated) and restores (same range, rescaled, from
+and into the memory backend)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+from enum import IntEnum, StrEnum
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import eddyflow as ef
+from eddyflow.keygroups import key_group_for, key_group_range
+from eddyflow.state.abc import KeyedStateBackend, KeyedStateHandle, SnapshotTarget
+from eddyflow.state.handles import ListState, MapState, ReducingState, ValueState
+from eddyflow.state.rocksdb.backend import RocksDBKeyedStateBackend
+from eddyflow.state.rocksdb.keys import decode_key, encode_key
+from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage
+
+MP = 128
+
+scalar_keys = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False),
+                        st.text(max_size=20), st.binary(max_size=20))
+keys = st.recursive(scalar_keys, lambda inner: st.tuples(inner, inner), max_leaves=5)
+
+
+@given(keys)
+def test_key_encoding_round_trips_to_an_equal_key(key: Any) -> None:
+    decoded, end = decode_key(encode_key(key))
+    assert decoded == key
+    assert end == len(encode_key(key))
+
+
+@given(keys, keys)
+def test_equal_keys_encode_alike_and_no_encoding_prefixes_another(a: Any, b: Any) -> None:
+    ea, eb = encode_key(a), encode_key(b)
+    if a == b:
+        assert ea == eb
+    else:
+        assert ea != eb
+        assert not ea.startswith(eb) and not eb.startswith(ea)
+
+
+class Color(StrEnum):
+    RED = "red"
+
+
+class Num(IntEnum):
+    ONE = 1
+
+
+def test_keys_equal_in_python_are_one_key() -> None:
+    assert encode_key(1) == encode_key(1.0) == encode_key(True) == encode_key(Num.ONE)
+    assert encode_key("red") == encode_key(Color.RED)
+    assert encode_key((1, "a")) == encode_key((1.0, "a"))
+    assert encode_key(2 ** 100) != encode_key(2 ** 100 + 1)
+    with pytest.raises(ef.UnsupportedKeyError):
+        encode_key(frozenset({1}))
+
+
+def make(tmp_path: Path, *, groups: range = range(MP), cache_size: int = 100_000,
+         incremental: bool = True) -> RocksDBKeyedStateBackend:
+    backend = ef.RocksDBStateBackend(tmp_path / "local", incremental, cache_size=cache_size)
+    return backend.create_keyed_backend("op", 0, groups, MP, checkpointing=True)
+
+
+def snapshot(backend: KeyedStateBackend, storage: CheckpointStorage, n: int,
+             subtask: int = 0) -> KeyedStateHandle:
+    target = SnapshotTarget(storage, n, "run", subtask)
+    handle = asyncio.run(backend.snapshot(target).write())
+    backend.notify_checkpoint_complete(n)
+    # The handle survives the metadata's JSON.
+    return KeyedStateHandle.from_json(handle.to_json())
+
+
+def test_value_map_list_reducing_state_through_a_small_cache(tmp_path: Path) -> None:
+    b = make(tmp_path, cache_size=8)
+    value = ValueState(b, "v", default=0)
+    lists: ListState[int] = ListState(b, "l")
+    maps: MapState[str, Any] = MapState(b, "m")
+    red = ReducingState(b, "r", lambda x, y: x + y)
+    for i in range(200):
+        b.current_key = f"k{i % 50}"
+        value.value = value.value + 1
+        lists.add(i)
+        maps.put(f"e{i % 3}", [i])
+        red.add(i)
+    b.current_key = "k7"
+    assert value.value == 4
+    assert lists.get() == [7, 57, 107, 157]
+    assert maps.get("e1") == [157] and len(maps) == 3 and "e0" in maps and "zz" not in maps
+    maps.remove("e0")
+    assert sorted(maps.keys()) == ["e1", "e2"]
+    assert red.get() == 7 + 57 + 107 + 157
+    lists.update([1, 2])
+    assert lists.get() == [1, 2]
+    lists.add_all([3])
+    assert lists.get() == [1, 2, 3]
+    b.current_key = "k8"
+    value.clear()
+    lists.clear()
+    maps.clear()
+    assert value.value == 0 and lists.get() == [] and maps.is_empty()
+    tables = b.tables()
+    assert tables["v"]["k7"] == 4 and "k8" not in tables["v"] and len(tables["v"]) == 49
+    assert tables["l"]["k7"] == [1, 2, 3]
+    assert tables["m"]["k7"] == {"e1": [157], "e2": [107]}
+    b.close()
+
+
+def test_mutable_value_changed_in_place_is_written(tmp_path: Path) -> None:
+    b = make(tmp_path, cache_size=2)
+    v: ValueState[dict[str, int]] = ValueState(b, "v")
+    m: MapState[str, list[int]] = MapState(b, "m")
+    b.current_key = "a"
+    v.value = {"n": 1}
+    m.put("x", [1])
+    b.flush()
+    b.current_key = "a"
+    v.value["n"] += 1  # no write-back, as a Python user would
+    m.get("x").append(2)  # type: ignore[union-attr]
+    for k in "bcdef":  # push "a" out of the small cache
+        b.current_key = k
+        v.value = {"n": 0}
+    b.current_key = "a"
+    assert v.value == {"n": 2}
+    assert m.get("x") == [1, 2]
+
+
+def test_snapshot_holds_the_state_at_the_barrier(tmp_path: Path) -> None:
+    storage = CheckpointStorage(tmp_path / "chk")
+    b = make(tmp_path)
+    v: ValueState[list[int]] = ValueState(b, "v")
+    b.current_key = "k"
+    v.value = [1]
+    snap = b.snapshot(SnapshotTarget(storage, 1, "run", 0))
+    v.value.append(2)  # after the barrier, before the asynchronous half
+    handle = asyncio.run(snap.write())
+    assert [(n, k, val) for _, n, k, val in handle.read(storage.root)] == [("v", "k", [1])]
+
+
+def test_incremental_checkpoints_upload_only_new_files(tmp_path: Path) -> None:
+    storage = CheckpointStorage(tmp_path / "chk")
+    b = make(tmp_path)
+    table = b.declare("count", "value")
+    changes = b.changes("count")
+    for i in range(20_000):
+        table[f"k{i}"] = i
+    changes.add_batch([f"k{i}" for i in range(20_000)])
+    first = snapshot(b, storage, 1)
+    for i in range(100):
+        table[f"k{i}"] = -i
+    changes.add_batch([f"k{i}" for i in range(100)])
+    second = snapshot(b, storage, 2)
+    size = {h.path: h.size for h in second.file_handles()}
+    new = sum(size[p] for p in second.new_files)
+    assert {h.path for _, h in first.db_files if h.path.endswith(".sst")} <= set(size)
+    assert new < 0.2 * sum(size.values()), (new, size)
+    got = {k: v for _, _, k, v in second.read(storage.root)}
+    assert got["k5"] == -5 and got["k500"] == 500 and len(got) == 20_000
+
+
+def test_full_checkpoints_upload_everything(tmp_path: Path) -> None:
+    storage = CheckpointStorage(tmp_path / "chk")
+    b = make(tmp_path, incremental=False)
+    table = b.declare("count", "value")
+    table["a"] = 1
+    b.changes("count").add_batch(["a"])
+    first = snapshot(b, storage, 1)
+    second = snapshot(b, storage, 2)
+    assert not {h.path for h in first.file_handles()} & {h.path for h in second.file_handles()}
+
+
+def fill(b: KeyedStateBackend, n: int) -> dict[Any, Any]:
+    expected = {}
+    v = ValueState(b, "v")
+    lists: ListState[int] = ListState(b, "l")
+    for i in range(n):
+        key = (i, f"k{i}") if i % 3 else i
+        b.current_key = key
+        v.value = {"i": i}
+        lists.add_all([i, i + 1])
+        expected[key] = ({"i": i}, [i, i + 1])
+    return expected
+
+
+def restored(b: KeyedStateBackend) -> dict[Any, Any]:
+    tables = b.tables()
+    return {k: (tables["v"][k], tables["l"][k]) for k in tables["v"]}
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 3), (2, 1), (1, 1)])
+@pytest.mark.parametrize(("old_kind", "new_kind"),
+                         [("rocksdb", "rocksdb"), ("memory", "rocksdb"), ("rocksdb", "memory")])
+def test_restore_at_another_parallelism_and_across_backends(
+        tmp_path: Path, before: int, after: int, old_kind: str, new_kind: str) -> None:
+    storage = CheckpointStorage(tmp_path / "chk")
+
+    def backend(kind: str, subtask: int, p: int) -> KeyedStateBackend:
+        groups = key_group_range(subtask, MP, p)
+        factory: ef.StateBackend = (ef.RocksDBStateBackend(tmp_path / "local")
+                                    if kind == "rocksdb" else ef.MemoryStateBackend())
+        return factory.create_keyed_backend("op", subtask, groups, MP, checkpointing=True)
+
+    expected: dict[Any, Any] = {}
+    handles = []
+    everything = fill(ef.MemoryStateBackend().create_keyed_backend("x", 0, range(MP), MP), 3000)
+    for s in range(before):
+        old = backend(old_kind, s, before)
+        mine = {k: v for k, v in everything.items() if key_group_for(k, MP) in old.key_groups}
+        assert fill_exact(old, mine) == len(mine)
+        expected.update(mine)
+        handles.append(snapshot(old, storage, 1, subtask=s))
+        old.close()
+    got: dict[Any, Any] = {}
+    for s in range(after):
+        new = backend(new_kind, s, after)
+        new.restore_from(storage.root, [h for h in handles
+                                        if set(h.key_groups) & set(new.key_groups)])
+        part = restored(new)
+        assert all(key_group_for(k, MP) in new.key_groups for k in part)
+        got.update(part)
+    assert got == expected
+
+
+def fill_exact(b: KeyedStateBackend, entries: dict[Any, Any]) -> int:
+    v = ValueState(b, "v")
+    lists: ListState[int] = ListState(b, "l")
+    for key, (value, items) in entries.items():
+        b.current_key = key
+        v.value = value
+        lists.add_all(items)
+    return len(entries)
+
+
+def test_damaged_or_missing_file_is_named_at_restore(tmp_path: Path) -> None:
+    storage = CheckpointStorage(tmp_path / "chk")
+    b = make(tmp_path)
+    fill(b, 100)
+    handle = snapshot(b, storage, 1)
+    sst = next(h for name, h in handle.db_files if name.endswith(".sst"))
+    path = os.path.join(storage.root, sst.path)
+    with open(path, "r+b") as f:
+        f.seek(sst.size // 2)
+        f.write(b"\x00\x01\x02")
+    fresh = make(tmp_path)
+    with pytest.raises(CheckpointCorrupted, match="checksum mismatch") as info:
+        fresh.restore_from(storage.root, [handle])
+    assert sst.path in str(info.value)
+    os.unlink(path)
+    with pytest.raises(CheckpointCorrupted, match="missing"):
+        make(tmp_path).restore_from(storage.root, [handle])
+
+
+def test_local_folder_goes_with_the_last_reference(tmp_path: Path) -> None:
+    b = make(tmp_path)
+    fill(b, 10)
+    views = b.tables()
+    b.close()
+    local = tmp_path / "local"
+    assert len([n for n in os.listdir(local) if not n.endswith(".lock")]) == 1
+    assert len(views["v"]) == 10  # readable after close
+    del b, views
+    gc.collect()
+    assert os.listdir(local) == []
+
+
+def test_max_parallelism_is_capped(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="32768"):
+        ef.RocksDBStateBackend(tmp_path).create_keyed_backend("op", 0, range(10), 40_000)
+
+
+@given(st.lists(st.lists(st.integers(0, 40), min_size=1, max_size=12), min_size=1,
+                max_size=60), st.integers(1, 16))
+def test_counts_through_a_cache_smaller_than_the_keys_are_exact(
+        batches: list[list[int]], cache_size: int) -> None:
+    """The operators' path: ``load`` a batch's keys, then plain dict reads
+    and writes; evictions in between must not lose a count."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        b = make(Path(folder), cache_size=cache_size)
+        table = b.declare("count", "value")
+        changes = b.changes("count")
+        expected: dict[int, int] = {}
+        for i, batch in enumerate(batches):
+            table.load(batch)  # type: ignore[attr-defined]
+            for k in batch:
+                table[k] = table.get(k, 0) + 1
+                expected[k] = expected.get(k, 0) + 1
+            changes.add_batch(list(batch))
+            if i % 7 == 6:  # and a snapshot now and then
+                storage = CheckpointStorage(Path(folder) / "chk")
+                snapshot(b, storage, i)
+        assert dict(b.tables()["count"]) == expected
+        b.close()
+
+
+@given(st.lists(st.text(max_size=300), max_size=30))
+def test_string_row_keys_take_a_fast_path_to_the_same_bytes(keys: list[str]) -> None:
+    from eddyflow.state.rocksdb.keys import StatePrefix
+
+    rows = StatePrefix("s", MP)
+    assert rows.prefixes(keys) == [rows.prefix(k) for k in keys]
