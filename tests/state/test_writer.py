@@ -179,3 +179,23 @@ def test_the_helper_answers_in_order_and_reports_unknown_operations(tmp_path: Pa
                      "sha256": hashlib.sha256(b"hello").hexdigest()}
     assert second["id"] == 8 and not second["ok"] and "frobnicate" in second["error"]
 
+
+
+def test_an_orphaned_writer_process_exits_quietly(tmp_path: Path) -> None:
+    """Its job was killed: the answer finds no reader. No traceback."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-I", "-S", _writer_main.__file__],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdout.close()  # the job is gone
+    request = _writer_main.encode_request(
+        {"id": 1, "op": "write", "path": str(tmp_path / "f"), "size": 3}, b"abc")
+    proc.stdin.write(request * 50)
+    proc.stdin.close()
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    assert proc.wait(timeout=30) == 0
+    assert err == b"", err.decode()

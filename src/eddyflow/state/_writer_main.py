@@ -144,5 +144,17 @@ def serve(requests: IO[bytes], answers: IO[bytes], parent: int) -> None:
         answers.flush()
 
 
+def main() -> None:
+    try:
+        serve(sys.stdin.buffer, sys.stdout.buffer, int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+    except (BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
+        # Orphaned (the job was killed, its end of the pipe is gone) or
+        # interrupted with it: leave quietly, without a traceback in the
+        # job's terminal, nor one when the interpreter flushes stdout.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
+
+
 if __name__ == "__main__":
-    serve(sys.stdin.buffer, sys.stdout.buffer, int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+    main()
