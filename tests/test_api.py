@@ -359,3 +359,25 @@ def test_operator_name_defaults_are_deterministic() -> None:
 
     assert build() == build() == ["source-0", "map-1", "filter-2", "count-3", "sink-4"]
 
+
+
+def test_empty_checkpoint_directory_is_refused() -> None:
+    with pytest.raises(ValueError, match="must not be empty"):
+        ef.StreamEnvironment().enable_checkpointing(1.0, "")
+
+
+def test_a_failed_execute_is_not_chained_to_no_running_event_loop() -> None:
+    env = ef.StreamEnvironment()
+
+    def boom(x: int) -> int:
+        raise ValueError("bad record")
+
+    env.from_collection([1]).map(boom).sink_to(ef.ListSink())
+    with pytest.raises(ef.JobFailed) as info:
+        env.execute()
+    chain = []
+    exc: BaseException | None = info.value
+    while exc is not None:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    assert not any("no running event loop" in str(e) for e in chain), chain

@@ -112,6 +112,9 @@ class StreamEnvironment:
                 "unaligned checkpoints are not implemented yet; use 'exactly_once' (aligned)"
             )
         _positive_int(retained, "retained")
+        if not os.fspath(directory).strip():
+            raise ValueError("checkpoint directory must not be empty (it would be the "
+                             "current folder)")
         if not timeout > 0:
             raise ValueError(f"checkpoint timeout must be > 0 seconds, got {timeout!r}")
         self.checkpoint_config = CheckpointConfig(
@@ -262,6 +265,12 @@ class StreamEnvironment:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
+            running = False
+        else:
+            running = True
+        if not running:
+            # (Outside the except block: a job's failure must not arrive
+            # chained to "no running event loop".)
             return asyncio.run(self.execute_async(job_name, restore=restore))
         raise RuntimeError(
             "execute() blocks and cannot run inside a running event loop; "

@@ -422,3 +422,31 @@ def test_from_async_iterable_rejects_sync_iterables() -> None:
     env = ef.StreamEnvironment()
     with pytest.raises(TypeError, match="async iterable"):
         env.from_async_iterable([1, 2, 3])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-32", "utf-16-le"])
+def test_text_file_refuses_encodings_it_cannot_split_at_build_time(
+        tmp_path: Path, encoding: str) -> None:
+    path = tmp_path / "t.txt"
+    path.write_text("a\nb\n", encoding=encoding)
+    env = ef.StreamEnvironment()
+    with pytest.raises(ValueError, match="not ASCII-compatible"):
+        env.read_text_file(path, encoding=encoding)
+
+
+def test_text_file_refuses_an_unknown_codec_at_build_time(tmp_path: Path) -> None:
+    path = tmp_path / "t.txt"
+    path.write_text("a\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="unknown encoding 'no-such-codec'"):
+        ef.StreamEnvironment().read_text_file(path, encoding="no-such-codec")
+
+
+def test_latin1_text_file_reads_exactly(tmp_path: Path) -> None:
+    path = tmp_path / "t.txt"
+    lines = [f"caf\u00e9 {i}" for i in range(1000)]
+    path.write_text("\n".join(lines) + "\n", encoding="latin-1")
+    env = ef.StreamEnvironment(parallelism=3)
+    sink = ef.ListSink()
+    env.read_text_file(path, encoding="latin-1").sink_to(sink)
+    env.execute()
+    assert sorted(sink.results) == sorted(lines)

@@ -8,6 +8,7 @@ Lines are returned without their line terminator (``\\n`` or ``\\r\\n``).
 
 from __future__ import annotations
 
+import codecs
 import os
 from typing import IO, Any
 
@@ -18,10 +19,27 @@ __all__ = ["TextFileSource"]
 _CHUNK = 1 << 20
 
 
+def _check_encoding(encoding: str, path: str) -> str:
+    """``encoding``, if the reader can split its text at byte offsets: the
+    file is read in byte ranges cut at b"\\n", so "\\n" must be that one
+    byte and no character may contain it (UTF-8, Latin-1 and the other
+    ASCII-compatible encodings; not UTF-16 or UTF-32)."""
+    try:
+        codecs.lookup(encoding)
+    except (LookupError, TypeError):
+        raise ValueError(f"read_text_file({path!r}): unknown encoding {encoding!r}") from None
+    if "\n".encode(encoding, "replace") != b"\n" or "a".encode(encoding, "replace") != b"a":
+        raise ValueError(
+            f"read_text_file({path!r}): encoding {encoding!r} is not ASCII-compatible; "
+            "the file is split at b'\\n' byte offsets (convert it to UTF-8)"
+        )
+    return encoding
+
+
 class TextFileSource(Source):
     def __init__(self, path: str | os.PathLike[str], encoding: str = "utf-8") -> None:
         self.path = os.fspath(path)
-        self.encoding = encoding
+        self.encoding = _check_encoding(encoding, self.path)
         check_readable(self.path)
 
     @property
