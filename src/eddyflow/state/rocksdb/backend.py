@@ -74,13 +74,14 @@ _IMMUTABLE = SCALARS | {type(MISSING)}
 
 
 class PickleSerializer:
-    """The default value serializer."""
+    """The default value serializer. ``dumps`` and ``loads`` are the C
+    functions themselves, not methods around them: they run once per value
+    written or read (a wrapper was 0.4 s of a 1M-key snapshot)."""
 
-    def dumps(self, obj: Any) -> bytes:
-        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-
-    def loads(self, data: bytes) -> Any:
-        return pickle.loads(data)
+    def __init__(self) -> None:
+        self.dumps: Callable[[Any], bytes] = functools.partial(
+            pickle.dumps, protocol=pickle.HIGHEST_PROTOCOL)
+        self.loads: Callable[[bytes], Any] = pickle.loads
 
 
 class _Instance:
