@@ -37,7 +37,6 @@ import anyio
 
 from eddyflow.durable import fsync_dir
 from eddyflow.state.abc import KeyedSnapshot, KeyedStateHandle, SnapshotTarget
-from eddyflow.state.rocksdb.files import copy_verified
 from eddyflow.state.storage import FileHandle, checkpoint_dir_name
 
 if TYPE_CHECKING:
@@ -153,12 +152,21 @@ def _put(src: str, dst: str, rel: str, linked: bool) -> FileHandle:
             os.fsync(f.fileno())  # (RocksDB syncs what it writes; an ingested file too?)
         sha = digest.hexdigest()
     else:
-        size, sha = copy_verified(src, tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        # (Errors stay OSErrors: an abort may remove the checkpoint's folder
+        # under this copy, and the task ignores an OSError of an aborted
+        # checkpoint.)
+        import hashlib
+
+        digest = hashlib.sha256()
+        size = 0
+        with open(src, "rb") as fin, open(tmp, "wb") as fout:
+            while chunk := fin.read(1 << 20):
+                digest.update(chunk)
+                size += len(chunk)
+                fout.write(chunk)
+            fout.flush()
+            os.fsync(fout.fileno())
+        sha = digest.hexdigest()
     os.replace(tmp, dst)
     return FileHandle(rel, size, sha)
 
