@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import eddyflow as ef
@@ -23,18 +24,22 @@ def latest_checkpoint(directory: Path) -> int:
 
 
 class JobProcess:
-    """Starts the job file under the CLI with ``--restore latest``."""
+    """Starts the job file under the CLI with ``--restore latest``, with the
+    state backend that the variables ``backend`` (``StateBackendFactory.
+    child_env``) name; the memory backend without them."""
 
-    def __init__(self, job: Path, tmp: Path, log: Path, out: Path, chk: Path, slow: float
-                 ) -> None:
+    def __init__(self, job: Path, tmp: Path, log: Path, out: Path, chk: Path, slow: float,
+                 backend: Mapping[str, str] | None = None) -> None:
         self.job = job
         self.tmp = tmp
-        self.env = dict(os.environ)
+        self.env = {k: v for k, v in os.environ.items()
+                    if not k.startswith(("EF_SIGKILL_BACKEND", "EF_SIGKILL_ROCKSDB"))}
         self.env["PYTHONPATH"] = os.pathsep.join(
             [str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])])
         self.env.update(EF_SIGKILL_LOG=str(log), EF_SIGKILL_OUT=str(out),
                         EF_SIGKILL_CHK=str(chk), EF_SIGKILL_INTERVAL="0.05",
                         EF_SIGKILL_SLOW=str(slow))
+        self.env.update(backend or {})
         self.env.pop("EF_SIGKILL_PARALLELISM", None)  # -p 2 decides
         self.runs = 0
 

@@ -33,6 +33,14 @@ least once" is a checkable property of the output).
 Every restart must have been caused by an injected failure (a restart for
 any other reason is a bug that the restart strategy would otherwise hide),
 and across the examples most runs must actually have failed.
+
+Each test runs once per state backend (the ``state_backend`` fixture):
+the checked run keeps its keyed state in the memory backend or in RocksDB,
+for which the case also draws the write cache's size (a few entries, so
+that it is flushed and emptied while records flow, or all of them) and
+whether checkpoints are incremental. The reference run always uses the
+memory backend: a RocksDB run must give exactly the output and state of a
+failure-free in-memory run.
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
+from job_support import StateBackendFactory, keyed_backends
 
 import eddyflow as ef
 from eddyflow.runtime import faults
@@ -304,14 +313,20 @@ class Case:
     # per-key order can be checked (keyed operators still change parallelism).
     keep_order: bool = False
     shape: str = "tuple"  # of the records: tuple | dict | list (changed in place)
+    # The RocksDB backend's settings (None: the memory backend).
+    cache_size: int | None = None  # entries in each state's write cache
+    incremental: bool = True
 
 
 # Keeping the parallelism often keeps per-key order deterministic (forward edges).
 PARALLELISM = st.sampled_from([0, 0, 1, 2, 3, 4])
+# RocksDB write caches: smaller than the keys of a subtask (flushed and
+# emptied while records flow, values read back from the database), or all.
+ROCKSDB_CACHES = (2, 8, 100_000)
 
 
 @st.composite
-def cases(draw: st.DrawFn, modes: tuple[str, ...]) -> Case:
+def cases(draw: st.DrawFn, modes: tuple[str, ...], rocksdb: bool = False) -> Case:
     n_ops = draw(st.integers(1, 6))
     ops = []
     for _ in range(n_ops):
@@ -342,6 +357,8 @@ def cases(draw: st.DrawFn, modes: tuple[str, ...]) -> Case:
         fault_after=draw(st.integers(0, 6)),
         keep_order=draw(st.booleans()),
         shape=draw(st.sampled_from(SHAPES)),
+        cache_size=draw(st.sampled_from(ROCKSDB_CACHES)) if rocksdb else None,
+        incremental=draw(st.sampled_from([True, True, False])) if rocksdb else True,
     )
 
 
@@ -549,11 +566,11 @@ class Stats:
     mutable_failed: int = 0  # examples with dict or list records that failed
 
 
-def check_case(case: Case, workdir: Path, stats: Stats) -> None:
+def check_case(case: Case, workdir: Path, stats: Stats, backend: StateBackendFactory) -> None:
     note(repr(case))
     stats.examples += 1
 
-    # The reference: no checkpointing, no failures.
+    # The reference: no checkpointing, no failures, the memory backend.
     env = ef.StreamEnvironment(parallelism=2, batch_size=case.batch_size)
     ref_sink = ef.ListSink()
     ref_built = build(env, case, ref_sink, failing=identity, pace=identity)
@@ -567,6 +584,10 @@ def check_case(case: Case, workdir: Path, stats: Stats) -> None:
     env.enable_checkpointing(case.interval, workdir / "chk", mode=case.mode,
                              retained=case.retained, timeout=case.timeout)
     env.set_restart_strategy(ef.FixedDelayRestart(attempts=6, delay=0))
+    if case.cache_size is not None:
+        backend.use(env, workdir, cache_size=case.cache_size, incremental=case.incremental)
+    else:
+        backend.use(env, workdir)
     failing = ef.testing.FailingMap(
         after=max(1, int(case.fail_fraction * max(through_failing, 1))),
         times=case.fail_times)
@@ -603,8 +624,11 @@ def check_case(case: Case, workdir: Path, stats: Stats) -> None:
     stats.checkpoints += len(result.completed_checkpoints) - 1  # periodic ones, roughly
     assert result.completed_checkpoints, "at least the final checkpoint completes"
     # (retention across restarts is checked in test_checkpoint_recovery.py)
-    on_disk = [c.id for c in ef.list_checkpoints(workdir / "chk")]
+    infos = ef.list_checkpoints(workdir / "chk")
+    on_disk = [c.id for c in infos]
     assert on_disk and on_disk[-1] == max(result.completed_checkpoints)
+    for uid in built.keyed_uids:  # kept by the backend under test
+        assert keyed_backends(infos[-1], uid) == ({backend.name} if ref.state(uid) else set()), uid
 
     # The output.
     if case.file_sink:
@@ -643,15 +667,15 @@ def check_case(case: Case, workdir: Path, stats: Stats) -> None:
             assert have == want, f"{uid}: final state differs from the failure-free run"
 
 
-def _run_property(tmp_path: Path, examples: int, modes: tuple[str, ...],
-                  min_failed: float, min_mutable_failed: float) -> Stats:
+def _run_property(tmp_path: Path, backend: StateBackendFactory, examples: int,
+                  modes: tuple[str, ...], min_failed: float, min_mutable_failed: float) -> Stats:
     stats = Stats()
 
     @settings(max_examples=examples, deadline=None, derandomize=False,
               suppress_health_check=[HealthCheck.too_slow])
-    @given(case=cases(modes))
+    @given(case=cases(modes, rocksdb=backend.rocksdb))
     def prop(case: Case) -> None:
-        check_case(case, tmp_path / f"ex{stats.examples}", stats)
+        check_case(case, tmp_path / f"ex{stats.examples}", stats, backend)
 
     prop()
     # Most examples must actually have exercised recovery, many of them with
@@ -669,13 +693,16 @@ def _run_property(tmp_path: Path, examples: int, modes: tuple[str, ...],
 MODES = ("exactly_once", "at_least_once", "synchronous")
 
 
-def test_checkpointing_survives_random_failures(tmp_path: Path) -> None:
-    _run_property(tmp_path, examples=25, modes=MODES, min_failed=0.6, min_mutable_failed=0.15)
+def test_checkpointing_survives_random_failures(tmp_path: Path,
+                                                state_backend: StateBackendFactory) -> None:
+    _run_property(tmp_path, state_backend, examples=25, modes=MODES, min_failed=0.6,
+                  min_mutable_failed=0.15)
 
 
 @pytest.mark.slow
-def test_checkpointing_survives_random_failures_soak(tmp_path: Path) -> None:
-    stats = _run_property(tmp_path, examples=300, modes=MODES, min_failed=0.7,
+def test_checkpointing_survives_random_failures_soak(tmp_path: Path,
+                                                     state_backend: StateBackendFactory) -> None:
+    stats = _run_property(tmp_path, state_backend, examples=300, modes=MODES, min_failed=0.7,
                           min_mutable_failed=0.4)
     assert stats.fault_fired >= 0.1 * stats.examples, stats
     assert stats.per_key_checked >= 0.05 * stats.examples, stats

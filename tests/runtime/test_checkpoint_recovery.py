@@ -18,6 +18,11 @@ The standard job: a paced ``from_collection`` source (so that a run of
 2,000 records lasts long enough for a dozen checkpoints), an optional
 ``FailingMap``, a rebalance onto two subtasks (so that the keyed operator
 has two input channels to align), and a keyed count at parallelism 2.
+
+Checkpoint timeouts (aborts, also while state files are written), restore
+at another parallelism and retention run once per state backend (the
+``state_backend`` fixture: memory and RocksDB); the other tests use the
+memory backend.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from job_support import StateBackendFactory, keyed_backends
 
 import eddyflow as ef
 from eddyflow.runtime import faults
@@ -94,8 +100,14 @@ def count_job(
 
 def make_env(directory: Path | None, *, mode: str = "exactly_once", interval: float = 0.01,
              attempts: int = 3, retained: int = 3, timeout: float = 60.0,
-             parallelism: int = 2) -> ef.StreamEnvironment:
+             parallelism: int = 2,
+             backend: StateBackendFactory | None = None) -> ef.StreamEnvironment:
+    """The environment of a run; ``backend``: its state backend (local files
+    beside ``directory``), else the memory backend."""
     env = ef.StreamEnvironment(parallelism=parallelism, batch_size=16)
+    if backend is not None:
+        assert directory is not None
+        backend.use(env, directory.parent)
     if directory is not None:
         env.enable_checkpointing(interval, directory, mode=mode, retained=retained,
                                  timeout=timeout)
@@ -146,10 +158,11 @@ def chk_folders(directory: Path) -> list[int]:
 
 
 def crashed_run(directory: Path, *, after: int = 1500, retained: int = 3,
-                count_parallelism: int = 2, sink: ef.Sink | None = None) -> list[int]:
+                count_parallelism: int = 2, sink: ef.Sink | None = None,
+                backend: StateBackendFactory | None = None) -> list[int]:
     """Run the count job until a FailingMap without restarts fails it; return
     the ids of the completed checkpoints it left on disk (at least two)."""
-    env = make_env(directory, attempts=0, retained=retained)
+    env = make_env(directory, attempts=0, retained=retained, backend=backend)
     count_job(env, sink if sink is not None else ef.ListSink(),
               failing=ef.testing.FailingMap(after=after), count_parallelism=count_parallelism)
     with pytest.raises(ef.JobFailed) as info:
@@ -173,8 +186,10 @@ def state_files(directory: Path, checkpoint_id: int) -> list[Path]:
     return [directory / h["path"] for h in meta["files"] if int(h["size"]) > 0]
 
 
-def restore_and_finish(directory: Path, restore: str, **kwargs: Any) -> ef.JobResult:
-    env = make_env(directory)
+def restore_and_finish(directory: Path, restore: str, *,
+                       backend: StateBackendFactory | None = None,
+                       **kwargs: Any) -> ef.JobResult:
+    env = make_env(directory, backend=backend)
     count_job(env, ef.ListSink(), **kwargs)
     return run(env, restore=restore)
 
@@ -696,9 +711,10 @@ class _SlowWriter(ef.SinkWriter):
 
 @pytest.mark.parametrize("mode", ["exactly_once", "synchronous"])
 def test_checkpoint_timeout_aborts_and_output_stays_exactly_once(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture, mode: str) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, mode: str,
+        state_backend: StateBackendFactory) -> None:
     directory = tmp_path / "chk"
-    env = make_env(directory, interval=0.01, timeout=0.001, mode=mode)
+    env = make_env(directory, interval=0.01, timeout=0.001, mode=mode, backend=state_backend)
     sink = _SlowSink(0.002)
     count_job(env, sink, failing=ef.testing.FailingMap(after=1200), records=RECORDS,
               pace_every=10**9)
@@ -721,11 +737,13 @@ def test_checkpoint_timeout_aborts_and_output_stays_exactly_once(
 
 def test_checkpoint_timeout_while_state_files_are_written_does_not_fail_the_job(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
+        caplog: pytest.LogCaptureFixture, state_backend: StateBackendFactory) -> None:
     """A slow disk (every fsync takes 30 ms) and a 20 ms checkpoint timeout:
-    checkpoints are aborted while their state files are being written.
-    Aborting a checkpoint is not a failure of the job: it must finish without
-    a restart (there are none to spend) and with exact results."""
+    checkpoints are aborted while their state files are being written (for
+    RocksDB: while its files are copied into checkpoint storage, and the
+    abort removes the checkpoint's folder under the copy). Aborting a
+    checkpoint is not a failure of the job: it must finish without a restart
+    (there are none to spend) and with exact results."""
     real_fsync = os.fsync
 
     def slow_fsync(fd: int) -> None:
@@ -735,7 +753,7 @@ def test_checkpoint_timeout_while_state_files_are_written_does_not_fail_the_job(
     monkeypatch.setattr(os, "fsync", slow_fsync)
     monkeypatch.setattr(writer_module, "ENABLED", False)  # fsync in this process
     directory = tmp_path / "chk"
-    env = make_env(directory, interval=0.01, timeout=0.02, attempts=0)
+    env = make_env(directory, interval=0.01, timeout=0.02, attempts=0, backend=state_backend)
     sink = ef.ListSink()
     count_job(env, sink)
     with caplog.at_level(logging.WARNING, logger="eddyflow.checkpoints"):
@@ -747,9 +765,42 @@ def test_checkpoint_timeout_while_state_files_are_written_does_not_fail_the_job(
     assert result.state("count") == FINAL_COUNTS
 
 
+@pytest.mark.parametrize("state_backend", [
+    "memory",
+    "rocksdb",
+], indirect=True)
+def test_checkpoint_aborted_while_its_folders_are_made_does_not_fail_the_job(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        state_backend: StateBackendFactory) -> None:
+    """A slow disk where a new folder takes 100 ms, and a 50 ms checkpoint
+    timeout: checkpoints are aborted (timed out, or subsumed by the final
+    checkpoint at the end of input), and their folders removed, while their
+    state files are being written into those folders. Aborting a checkpoint
+    is not a failure of the job: it must finish without a restart (there are
+    none to spend) and with exact results."""
+    real_makedirs = os.makedirs
+    under = str(tmp_path / "chk")
+
+    def slow_makedirs(name: Any, *args: Any, **kwargs: Any) -> None:
+        real_makedirs(name, *args, **kwargs)
+        if os.fspath(name).startswith(under):
+            time.sleep(0.1)
+
+    monkeypatch.setattr(os, "makedirs", slow_makedirs)
+    monkeypatch.setattr(writer_module, "ENABLED", False)  # the writes in this process
+    directory = tmp_path / "chk"
+    env = make_env(directory, interval=0.01, timeout=0.05, attempts=0, backend=state_backend)
+    sink = ef.ListSink()
+    count_job(env, sink, pace_every=4)
+    result = run(env)
+    assert result.restarts == 0
+    assert_exactly_once(sink.results)
+    assert result.state("count") == FINAL_COUNTS
+
+
 def test_timeout_during_metadata_write_does_not_abort_a_completing_checkpoint(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
+        caplog: pytest.LogCaptureFixture, state_backend: StateBackendFactory) -> None:
     """Every task acknowledged quickly, but writing ``_metadata`` takes longer
     than the timeout. The checkpoint must end one way only: complete (its
     folder kept, its transactions committed) or aborted (nothing committed)
@@ -757,7 +808,7 @@ def test_timeout_during_metadata_write_does_not_abort_a_completing_checkpoint(
     commit, which a later restart would replay a second time."""
     _SlowMetadata(monkeypatch, delay=0.1)
     directory = tmp_path / "chk"
-    env = make_env(directory, interval=0.01, timeout=0.05, attempts=2)
+    env = make_env(directory, interval=0.01, timeout=0.05, attempts=2, backend=state_backend)
     sink = ef.ListSink()
     count_job(env, sink, failing=ef.testing.FailingMap(after=1500), pace_every=4)
     with caplog.at_level(logging.INFO, logger="eddyflow.checkpoints"):
@@ -850,14 +901,18 @@ def test_list_checkpoints_of_missing_directory_is_empty(tmp_path: Path) -> None:
 # -- (g) restore at another parallelism ---------------------------------------------------
 
 
-@pytest.mark.parametrize(("before", "after"), [(2, 3), (3, 1), (1, 4)])
+@pytest.mark.parametrize(("before", "after"), [(2, 3), (2, 1), (3, 1), (1, 4)])
 def test_restore_keyed_state_at_another_parallelism(
-        tmp_path: Path, before: int, after: int) -> None:
+        tmp_path: Path, before: int, after: int, state_backend: StateBackendFactory) -> None:
+    """A job fails at parallelism ``before`` and a new one (a new backend,
+    as in a new process) restores ``"latest"`` at ``after``."""
     directory = tmp_path / "chk"
     out = tmp_path / "out"
-    ids = crashed_run(directory, count_parallelism=before, sink=ef.FileSink(out))
+    ids = crashed_run(directory, count_parallelism=before, sink=ef.FileSink(out),
+                      backend=state_backend)
+    assert keyed_backends(ef.list_checkpoints(directory)[-1], "count") == {state_backend.name}
     position = source_position(directory, ids[-1])
-    env = make_env(directory)
+    env = make_env(directory, backend=state_backend)
     count_job(env, ef.FileSink(out), count_parallelism=after)
     result = run(env, restore="latest")
     assert result.records_out["src"] == N - position
@@ -986,8 +1041,10 @@ def test_from_log_with_failures_is_exactly_once(tmp_path: Path) -> None:
         "0": {"0": 500, "2": 500}, "1": {"1": 500, "3": 500}}
 
 
-def test_retention_keeps_every_shared_file_a_retained_checkpoint_needs(tmp_path: Path) -> None:
-    """Incremental checkpoints share files (a full one, then deltas); with
+def test_retention_keeps_every_shared_file_a_retained_checkpoint_needs(
+        tmp_path: Path, state_backend: StateBackendFactory) -> None:
+    """Incremental checkpoints share files (the memory backend: a full one,
+    then deltas; RocksDB: the SST files an earlier checkpoint uploaded); with
     ``retained=2`` over many checkpoints, every file a retained checkpoint
     references must still be there and verify, nothing else may be left in
     ``shared/``, and restoring each retained checkpoint must give exact
@@ -995,7 +1052,7 @@ def test_retention_keeps_every_shared_file_a_retained_checkpoint_needs(tmp_path:
     directory = tmp_path / "chk"
     records = [(f"k{(i * 7919) % 2000}", i) for i in range(6000)]
     final = dict(Counter(k for k, _ in records))
-    env = make_env(directory, retained=2, interval=0.01)
+    env = make_env(directory, retained=2, interval=0.01, backend=state_backend)
     count_job(env, ef.ListSink(), records=records, pace_every=4)
     result = run(env)
     assert result.state("count") == final
@@ -1008,9 +1065,18 @@ def test_retention_keeps_every_shared_file_a_retained_checkpoint_needs(tmp_path:
         storage.verify(c.id)  # every file present, sizes and checksums match
         referenced |= {f["path"] for f in c.metadata["files"] if f["path"].startswith("shared/")}
         for part in c.operators["count"]["subtasks"].values():
-            deltas += sum(1 for f in part["keyed"]["files"] if not f["full"])
+            keyed = part["keyed"]
+            assert keyed["backend"] == state_backend.name
+            if state_backend.rocksdb:
+                # Files of this checkpoint that an earlier one uploaded
+                # (``shared/<operator>-<subtask>-<run>-<checkpoint>-<name>``).
+                deltas += sum(1 for _, f in keyed["db_files"]
+                              if f["path"].startswith("shared/")
+                              and f["path"].split("-")[-2] != str(c.id))
+            else:
+                deltas += sum(1 for f in keyed["files"] if not f["full"])
     assert deltas, "no checkpoint was incremental: nothing shared was tested"
     assert {f"shared/{n}" for n in os.listdir(directory / "shared")} == referenced
     for c in infos:
-        restored = restore_and_finish(directory, c.path, records=records)
+        restored = restore_and_finish(directory, c.path, records=records, backend=state_backend)
         assert restored.state("count") == final, c.id

@@ -46,6 +46,12 @@ checked offline for consistency (source positions vs. committed output vs.
 back-edge logs), and restoring from several of them must give the exact
 output — with even source splits and with a lagging split, whose barriers
 come back round the loop to a head subtask before its own barrier arrives.
+
+The property test and the tests of (b) run once per state backend (the
+``state_backend`` fixture): the checked runs keep their keyed state in the
+memory backend or in RocksDB. For RocksDB the property test's case also
+draws the write cache's size and whether checkpoints are incremental; its
+reference run always uses the memory backend.
 """
 
 from __future__ import annotations
@@ -68,7 +74,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
-from job_support import Pace, watched
+from job_support import Pace, StateBackendFactory, keyed_backends, watched
 
 import eddyflow as ef
 from eddyflow.backedge import FeedbackChannel
@@ -419,13 +425,19 @@ class Case:
     fault_point: str | None
     fault_after: int
     shape: str = "tuple"  # of the records: tuple | dict | list (changed in place)
+    # The RocksDB backend's settings (None: the memory backend).
+    cache_size: int | None = None  # entries in each state's write cache
+    incremental: bool = True
 
 
 PAR = st.sampled_from([0, 0, 1, 2, 3])
+# RocksDB write caches: smaller than the keys of a subtask (flushed and
+# emptied while records flow, values read back from the database), or all.
+ROCKSDB_CACHES = (2, 8, 100_000)
 
 
 @st.composite
-def cases(draw: st.DrawFn, modes: tuple[str, ...]) -> Case:
+def cases(draw: st.DrawFn, modes: tuple[str, ...], rocksdb: bool = False) -> Case:
     n_body = draw(st.integers(0, 3))
     kinds = draw(st.lists(st.sampled_from(["map", "filter", "flat_map", "keyed", "inner"]),
                           min_size=n_body, max_size=n_body))
@@ -468,6 +480,8 @@ def cases(draw: st.DrawFn, modes: tuple[str, ...]) -> Case:
         fault_point=fault_point,
         fault_after=draw(st.integers(0, 6)),
         shape=draw(st.sampled_from(SHAPES)),
+        cache_size=draw(st.sampled_from(ROCKSDB_CACHES)) if rocksdb else None,
+        incremental=draw(st.sampled_from([True, True, False])) if rocksdb else True,
     )
 
 
@@ -613,11 +627,12 @@ class Stats:
     mutable_failed: int = 0  # examples with dict or list records that failed
 
 
-def check_case(case: Case, workdir: Path, stats: Stats, spy: Spy) -> None:
+def check_case(case: Case, workdir: Path, stats: Stats, spy: Spy,
+               backend: StateBackendFactory) -> None:
     note(repr(case))
     stats.examples += 1
 
-    # The reference: no checkpoints, no failures.
+    # The reference: no checkpoints, no failures, the memory backend.
     env = ef.StreamEnvironment(parallelism=2, batch_size=case.batch_size)
     ref_sink = ef.ListSink()
     ref_built = build(env, case, ref_sink, failing=identity, logging_failure=identity,
@@ -631,6 +646,10 @@ def check_case(case: Case, workdir: Path, stats: Stats, spy: Spy) -> None:
     env = ef.StreamEnvironment(parallelism=2, batch_size=case.batch_size)
     env.enable_checkpointing(case.interval, workdir / "chk", mode=case.mode, retained=1000)
     env.set_restart_strategy(ef.FixedDelayRestart(attempts=8, delay=0))
+    if case.cache_size is not None:
+        backend.use(env, workdir, cache_size=case.cache_size, incremental=case.incremental)
+    else:
+        backend.use(env, workdir)
     failing = ef.testing.FailingMap(
         after=max(1, int(case.fail_fraction * max(through_failing, 1))), times=case.fail_times)
     logging_failure = FailWhileLogging(spy, times=1)
@@ -652,6 +671,8 @@ def check_case(case: Case, workdir: Path, stats: Stats, spy: Spy) -> None:
         logger.removeHandler(watcher)
         ef.testing.disarm_all()
     infos = ef.list_checkpoints(workdir / "chk")
+    for uid in built.keyed_uids:  # kept by the backend under test
+        assert keyed_backends(infos[-1], uid) == ({backend.name} if ref.state(uid) else set()), uid
     logged = [c.id for c in infos if logged_in(c.metadata)]
     reinjecting = {c for c, _, _, n in spy.reinjected if n}
     note(f"restarts={result.restarts} failing={failing!r} "
@@ -700,8 +721,8 @@ def check_case(case: Case, workdir: Path, stats: Stats, spy: Spy) -> None:
         assert have == want, f"{uid}: final state differs from the failure-free run"
 
 
-def run_property(tmp_path: Path, spy: Spy, examples: int, modes: tuple[str, ...],
-                 min_mutable_failed: float) -> Stats:
+def run_property(tmp_path: Path, spy: Spy, backend: StateBackendFactory, examples: int,
+                 modes: tuple[str, ...], min_mutable_failed: float) -> Stats:
     stats = Stats()
 
     # No shrinking: a hung example costs PROPERTY_TIMEOUT per attempt; the
@@ -709,9 +730,9 @@ def run_property(tmp_path: Path, spy: Spy, examples: int, modes: tuple[str, ...]
     @settings(max_examples=examples, deadline=None, derandomize=False,
               phases=[Phase.explicit, Phase.reuse, Phase.generate],
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-    @given(case=cases(modes))
+    @given(case=cases(modes, rocksdb=backend.rocksdb))
     def prop(case: Case) -> None:
-        check_case(case, tmp_path / f"ex{stats.examples}", stats, spy)
+        check_case(case, tmp_path / f"ex{stats.examples}", stats, spy, backend)
 
     prop()
     assert stats.failed >= 0.5 * stats.examples, stats
@@ -724,15 +745,19 @@ def run_property(tmp_path: Path, spy: Spy, examples: int, modes: tuple[str, ...]
 MODES = ("exactly_once", "synchronous")
 
 
-def test_loops_survive_random_failures(tmp_path: Path, spy: Spy) -> None:
-    stats = run_property(tmp_path, spy, examples=20, modes=MODES, min_mutable_failed=0.15)
+def test_loops_survive_random_failures(tmp_path: Path, spy: Spy,
+                                      state_backend: StateBackendFactory) -> None:
+    stats = run_property(tmp_path, spy, state_backend, examples=20, modes=MODES,
+                         min_mutable_failed=0.15)
     # The runs did checkpoint loops with records in flight.
     assert stats.logged_checkpoints >= 1, stats
 
 
 @pytest.mark.slow
-def test_loops_survive_random_failures_soak(tmp_path: Path, spy: Spy) -> None:
-    stats = run_property(tmp_path, spy, examples=200, modes=MODES, min_mutable_failed=0.3)
+def test_loops_survive_random_failures_soak(tmp_path: Path, spy: Spy,
+                                           state_backend: StateBackendFactory) -> None:
+    stats = run_property(tmp_path, spy, state_backend, examples=200, modes=MODES,
+                         min_mutable_failed=0.3)
     assert stats.logged_checkpoints >= 0.2 * stats.examples, stats
     assert stats.restores_reinjecting >= 0.05 * stats.examples, stats
     assert stats.logging_failures >= 0.1 * stats.examples, stats
@@ -853,9 +878,11 @@ def check_restored_log(chk: Path, spy: Spy, failed_after: int | None) -> int:
 ])
 def test_in_flight_loop_records_survive_a_restart(parallelism: int, mode: str,
                                                  two_back_edges: bool, tmp_path: Path,
-                                                 spy: Spy) -> None:
+                                                 spy: Spy,
+                                                 state_backend: StateBackendFactory) -> None:
     chk = tmp_path / "chk"
     env = ef.StreamEnvironment(parallelism=parallelism, batch_size=8)
+    state_backend.use(env, tmp_path)
     env.enable_checkpointing(0.01, chk, mode=mode, retained=1000)
     env.set_restart_strategy(ef.FixedDelayRestart(attempts=1, delay=0))
     failing = FailAfterLoggedCheckpoint(chk, "head")
@@ -872,12 +899,14 @@ def test_in_flight_loop_records_survive_a_restart(parallelism: int, mode: str,
     assert result.state("finished") == Counter(i % KEYS for i in range(N))
 
 
-def test_failure_while_back_edge_log_is_recorded(tmp_path: Path, spy: Spy) -> None:
+def test_failure_while_back_edge_log_is_recorded(tmp_path: Path, spy: Spy,
+                                                 state_backend: StateBackendFactory) -> None:
     """A map in the loop body fails while a loop head is logging its
     back-edges (the checkpoint is in progress); twice, so that the second
     failure usually hits a run restored from a checkpoint."""
     chk = tmp_path / "chk"
     env = ef.StreamEnvironment(parallelism=2, batch_size=8)
+    state_backend.use(env, tmp_path)
     env.enable_checkpointing(0.01, chk, retained=1000)
     env.set_restart_strategy(ef.FixedDelayRestart(attempts=3, delay=0))
     failing = FailWhileLogging(spy, times=2, skip=50)
@@ -890,11 +919,13 @@ def test_failure_while_back_edge_log_is_recorded(tmp_path: Path, spy: Spy) -> No
     assert result.state("passes") == expected_passes()
 
 
-def test_async_write_failure_of_loop_heads(tmp_path: Path, spy: Spy) -> None:
+def test_async_write_failure_of_loop_heads(tmp_path: Path, spy: Spy,
+                                           state_backend: StateBackendFactory) -> None:
     """``snapshot.async_write`` fails the writes of several checkpoints,
     loop heads' (written when the barrier has come back) among them."""
     chk = tmp_path / "chk"
     env = ef.StreamEnvironment(parallelism=2, batch_size=8)
+    state_backend.use(env, tmp_path)
     env.enable_checkpointing(0.01, chk, retained=1000)
     env.set_restart_strategy(ef.FixedDelayRestart(attempts=4, delay=0))
     sink = ef.ListSink()
@@ -909,11 +940,12 @@ def test_async_write_failure_of_loop_heads(tmp_path: Path, spy: Spy) -> None:
 
 
 def test_restore_across_processes_from_checkpoint_with_in_flight_records(
-        tmp_path: Path, spy: Spy) -> None:
+        tmp_path: Path, spy: Spy, state_backend: StateBackendFactory) -> None:
     chk, out = tmp_path / "chk", tmp_path / "out"
 
     # First "process": fails after a checkpoint with records in flight; no restarts.
     env = ef.StreamEnvironment(parallelism=2, batch_size=8)
+    state_backend.use(env, tmp_path)
     env.enable_checkpointing(0.01, chk, retained=1000)
     failing = FailAfterLoggedCheckpoint(chk, "head")
     in_flight_job(env, ef.FileSink(out), failing)
@@ -928,6 +960,7 @@ def test_restore_across_processes_from_checkpoint_with_in_flight_records(
     spy.reinjected.clear()
     spy.reinjected_batches.clear()
     env = ef.StreamEnvironment(parallelism=2, batch_size=8)
+    state_backend.use(env, tmp_path)  # a new backend, as a new process would make
     env.enable_checkpointing(0.01, chk, retained=1000)
     in_flight_job(env, ef.FileSink(out), identity)
     latest = max(c.id for c in ef.list_checkpoints(chk))
@@ -942,12 +975,14 @@ def test_restore_across_processes_from_checkpoint_with_in_flight_records(
 
 
 @pytest.mark.parametrize("new_parallelism", [1, 3])
-def test_restore_loop_checkpoint_at_another_parallelism(new_parallelism: int, tmp_path: Path,
-                                                       spy: Spy) -> None:
+def test_restore_loop_checkpoint_at_another_parallelism(
+        new_parallelism: int, tmp_path: Path, spy: Spy,
+        state_backend: StateBackendFactory) -> None:
     """Keyed state is re-partitioned by key group and the back-edge logs of
     the old head subtasks are dealt out to the new ones."""
     chk, out = tmp_path / "chk", tmp_path / "out"
     env = ef.StreamEnvironment(parallelism=2, batch_size=8)
+    state_backend.use(env, tmp_path)
     env.enable_checkpointing(0.01, chk, retained=1000)
     failing = FailAfterLoggedCheckpoint(chk, "head")
     in_flight_job(env, ef.FileSink(out), failing)
@@ -959,6 +994,7 @@ def test_restore_loop_checkpoint_at_another_parallelism(new_parallelism: int, tm
 
     spy.reinjected_batches.clear()
     env = ef.StreamEnvironment(parallelism=new_parallelism, batch_size=8)
+    state_backend.use(env, tmp_path)
     env.enable_checkpointing(0.01, chk, retained=1000)
     in_flight_job(env, ef.FileSink(out), identity)
     result = watched(env.execute_async("rescaled", restore="latest"), TIMEOUT)

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from job_support import StateBackendFactory, keyed_backends
 from sigkill_support import (
     RUN_TIMEOUT,
     JobProcess,
@@ -111,15 +112,15 @@ def committed_output(folder: Path) -> list[Output]:
     return out
 
 
-def kill_and_restart(tmp: Path, *, records: int, keys: int, kills: int, slow: float,
-                     seed: int) -> None:
+def kill_and_restart(tmp: Path, backend: StateBackendFactory, *, records: int, keys: int,
+                     kills: int, slow: float, seed: int) -> None:
     rng = random.Random(seed)
     log, out, chk = tmp / "log", tmp / "out", tmp / "chk"
     parts = fill_log(log, records, keys)
     expected, final = expected_output(parts)
-    job = JobProcess(JOB, tmp, log, out, chk, slow)
+    job = JobProcess(JOB, tmp, log, out, chk, slow, backend.child_env(tmp))
     history = KillLog()
-    context = f"seed {seed}"
+    context = f"seed {seed}, {backend.name} backend"
 
     for k in range(kills):
         before = latest_checkpoint(chk)
@@ -172,6 +173,8 @@ def kill_and_restart(tmp: Path, *, records: int, keys: int, kills: int, slow: fl
     stderr = stderr_path.read_text(errors="replace")
     assert rc == 0, f"the final run failed with exit code {rc} ({context}):\n{stderr}"
     context += f"; {history.summary()}"
+    # The runs kept their keyed state in the backend under test.
+    assert keyed_backends(ef.list_checkpoints(chk)[-1], "running") == {backend.name}, context
 
     # The test must have shown something: a kill that destroyed a run's
     # progress after it had checkpointed (the machine's load cannot prevent
@@ -201,11 +204,14 @@ def kill_and_restart(tmp: Path, *, records: int, keys: int, kills: int, slow: fl
     print(f"{len(got):,} records committed exactly once after {context}")
 
 
-def test_sigkill_at_random_moments_then_restore_latest_is_exactly_once(tmp_path: Path) -> None:
-    kill_and_restart(tmp_path, records=200_000, keys=500, kills=10, slow=0.01, seed=seed(7))
+def test_sigkill_at_random_moments_then_restore_latest_is_exactly_once(
+        tmp_path: Path, state_backend: StateBackendFactory) -> None:
+    kill_and_restart(tmp_path, state_backend, records=200_000, keys=500, kills=10, slow=0.01,
+                     seed=seed(7))
 
 
 @pytest.mark.slow
-def test_sigkill_soak_many_kills_more_data(tmp_path: Path) -> None:
-    kill_and_restart(tmp_path, records=1_000_000, keys=5_000, kills=24, slow=0.005,
-                     seed=seed(2015))
+def test_sigkill_soak_many_kills_more_data(tmp_path: Path,
+                                           state_backend: StateBackendFactory) -> None:
+    kill_and_restart(tmp_path, state_backend, records=1_000_000, keys=5_000, kills=24,
+                     slow=0.005, seed=seed(2015))

@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from job_support import StateBackendFactory, keyed_backends
 from sigkill_support import (
     RUN_TIMEOUT,
     JobProcess,
@@ -188,15 +189,15 @@ def check_output(got: list[Output], values: dict[tuple[str, int], int],
             f"({context})")
 
 
-def kill_and_restart(tmp: Path, *, records: int, keys: int, max_rounds: int, kills: int,
-                     slow: float, seed: int) -> None:
+def kill_and_restart(tmp: Path, backend: StateBackendFactory, *, records: int, keys: int,
+                     max_rounds: int, kills: int, slow: float, seed: int) -> None:
     rng = random.Random(seed)
     log, out, chk = tmp / "log", tmp / "out", tmp / "chk"
     written = fill_log(log, records, keys, max_rounds)
     values, final = expected_output(written)
-    job = JobProcess(JOB, tmp, log, out, chk, slow)
+    job = JobProcess(JOB, tmp, log, out, chk, slow, backend.child_env(tmp))
     history = KillLog()
-    context = f"seed {seed}"
+    context = f"seed {seed}, {backend.name} backend"
 
     for k in range(kills):
         before = latest_checkpoint(chk)
@@ -249,6 +250,8 @@ def kill_and_restart(tmp: Path, *, records: int, keys: int, max_rounds: int, kil
     stderr = stderr_path.read_text(errors="replace")
     assert rc == 0, f"the final run failed with exit code {rc} ({context}):\n{stderr}"
     context += f"; {history.summary()}"
+    # The runs kept their keyed state in the backend under test.
+    assert keyed_backends(ef.list_checkpoints(chk)[-1], "running") == {backend.name}, context
 
     # The test must have shown something: a kill that destroyed a run's
     # progress after it had checkpointed, and a restore that had to bring
@@ -262,12 +265,13 @@ def kill_and_restart(tmp: Path, *, records: int, keys: int, max_rounds: int, kil
 
 
 def test_sigkill_loop_at_random_moments_then_restore_latest_is_exactly_once(
-        tmp_path: Path) -> None:
-    kill_and_restart(tmp_path, records=400_000, keys=500, max_rounds=4, kills=10, slow=0.004,
-                     seed=seed(7))
+        tmp_path: Path, state_backend: StateBackendFactory) -> None:
+    kill_and_restart(tmp_path, state_backend, records=400_000, keys=500, max_rounds=4,
+                     kills=10, slow=0.004, seed=seed(7))
 
 
 @pytest.mark.slow
-def test_sigkill_loop_soak_many_kills_more_data(tmp_path: Path) -> None:
-    kill_and_restart(tmp_path, records=800_000, keys=5_000, max_rounds=4, kills=24,
-                     slow=0.004, seed=seed(2015))
+def test_sigkill_loop_soak_many_kills_more_data(tmp_path: Path,
+                                                state_backend: StateBackendFactory) -> None:
+    kill_and_restart(tmp_path, state_backend, records=800_000, keys=5_000, max_rounds=4,
+                     kills=24, slow=0.004, seed=seed(2015))

@@ -31,6 +31,13 @@ back-edge log); (c) a ``map`` mutating the dicts ``from_collection`` emits
 (the source's replay); (d) a ``ValueState`` dict mutated in place in a
 ``KeyedProcessFunction``; (e) a ``ReducingState`` whose reduce function
 mutates its accumulator dict in place. (a), (d), (e) also at parallelism 2.
+
+Every test runs once per state backend (the ``state_backend`` fixture):
+both runs keep their keyed state in the memory backend, or both in RocksDB
+(with a write cache smaller than the keys, so that values are serialised
+and read back while records flow, not only at barriers). Every test also
+checks the reference run's final state against values computed here in
+plain Python, so the RocksDB reference is not its own oracle.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from job_support import Pace, watched
+from job_support import Pace, StateBackendFactory, watched
 
 import eddyflow as ef
 
@@ -129,22 +136,25 @@ class Runs:
     failing: FailAfterCheckpoints
 
 
-def reference_and_checked(build: Build, tmp_path: Path, *, after: int, times: int = 3,
-                          checkpoints: int = 2, parallelism: int = 1, interval: float = 0.01,
+def reference_and_checked(build: Build, tmp_path: Path, backend: StateBackendFactory, *,
+                          after: int, times: int = 3, checkpoints: int = 2,
+                          parallelism: int = 1, interval: float = 0.01,
                           batch_size: int = 16, pace_every: int = 4) -> Runs:
     """Run ``build`` failure-free without checkpoints, then with a checkpoint
     every ``interval`` seconds and up to ``times`` failures, each ``after``
     records after one more checkpoint has completed (the first after
     ``checkpoints``): each restart restores another checkpoint, one more
     chance for what leaked into a checkpoint to show. Checks that the job
-    restarted from checkpoints."""
+    restarted from checkpoints. Both runs use ``backend``."""
     env = ef.StreamEnvironment(parallelism=parallelism, batch_size=batch_size)
+    backend.use(env, tmp_path / "reference")
     ref_sink = ef.ListSink()
     build(env, ref_sink, identity, identity)
     reference = watched(env.execute_async("reference"), TIMEOUT)
 
     directory = tmp_path / "chk"
     env = ef.StreamEnvironment(parallelism=parallelism, batch_size=batch_size)
+    backend.use(env, tmp_path / "checked")
     env.enable_checkpointing(interval, directory, retained=1000)
     env.set_restart_strategy(ef.FixedDelayRestart(attempts=times, delay=0))
     failing = FailAfterCheckpoints(directory, after, times, first=checkpoints)
@@ -215,15 +225,16 @@ def appending_job(env: ef.StreamEnvironment, sink: ef.Sink, failing: Callable[[A
 
 
 @pytest.mark.parametrize(("parallelism", "after"), [(1, 100), (1, 170), (2, 100)])
-def test_map_with_state_list_appended_in_place(parallelism: int, after: int,
-                                               tmp_path: Path) -> None:
+def test_map_with_state_list_appended_in_place(parallelism: int, after: int, tmp_path: Path,
+                                               state_backend: StateBackendFactory) -> None:
     """``fn`` appends each record's value to the list it got as state and
     returns that same list. The old runtime froze its state for a snapshot
     by a shallow copy and pickled it later: the frozen table shared the
     lists, so the appends made after the barrier leaked into the checkpoint,
     and after a restore those records were appended again (lists longer
     than the input, with values repeated)."""
-    runs = reference_and_checked(appending_job, tmp_path, after=after, parallelism=parallelism)
+    runs = reference_and_checked(appending_job, tmp_path, state_backend, after=after,
+                                 parallelism=parallelism)
     want = {f"k{k}": [i for i in range(N_A) if i % KEYS == k] for k in range(KEYS)}
     assert runs.reference.state("mws") == want
     assert_same_state(runs, "mws")
@@ -278,8 +289,9 @@ def loop_job(env: ef.StreamEnvironment, sink: ef.Sink, failing: Callable[[Any], 
 
 
 @pytest.mark.parametrize(("parallelism", "after"), [(1, 150), (2, 200)])
-def test_loop_record_mutated_in_place_keeps_its_rounds(parallelism: int, after: int,
-                                                       tmp_path: Path) -> None:
+def test_loop_record_mutated_in_place_keeps_its_rounds(
+        parallelism: int, after: int, tmp_path: Path,
+        state_backend: StateBackendFactory) -> None:
     """Records ``{"id": i, "steps": s}`` go round a loop whose body does
     ``r["steps"] -= 1`` in place; a keyed counter in the body counts each
     id's passes. The back-edge log of a checkpoint must hold the records as
@@ -291,8 +303,9 @@ def test_loop_record_mutated_in_place_keeps_its_rounds(parallelism: int, after: 
     filters and never finished."""
     # Checkpoints of a loop take longer (a barrier goes round the loop):
     # the failures start once one has completed.
-    runs = reference_and_checked(loop_job, tmp_path, after=after, parallelism=parallelism,
-                                 checkpoints=1, batch_size=8, pace_every=2)
+    runs = reference_and_checked(loop_job, tmp_path, state_backend, after=after,
+                                 parallelism=parallelism, checkpoints=1, batch_size=8,
+                                 pace_every=2)
     assert sorted(runs.reference_output) == [(i, 0) for i in range(N_B)]
     assert runs.reference.state("passes") == {i: steps_of(i) for i in range(N_B)}
     assert_same_output(runs)  # every id finished exactly once
@@ -320,14 +333,15 @@ def mutated_source_job(env: ef.StreamEnvironment, sink: ef.Sink, failing: Callab
 
 
 @pytest.mark.parametrize("after", [100, 170])
-def test_source_replays_records_as_they_were_read(after: int, tmp_path: Path) -> None:
+def test_source_replays_records_as_they_were_read(after: int, tmp_path: Path,
+                                                  state_backend: StateBackendFactory) -> None:
     """``from_collection`` of dicts that a downstream ``map`` bumps in place
     (``r["v"] += 1``), then a keyed sum of ``r["v"]``. After a restore the
     source replays from its checkpointed position and must replay the
     records as they were, not as the job left them. The old runtime re-read
     the very dicts it had emitted, already bumped, so the replayed records
     were bumped twice and the sums came out too large."""
-    runs = reference_and_checked(mutated_source_job, tmp_path, after=after)
+    runs = reference_and_checked(mutated_source_job, tmp_path, state_backend, after=after)
     want = {f"k{k}": sum(i + 1 for i in range(N_C) if i % KEYS == k) for k in range(KEYS)}
     assert runs.reference.state("sum") == want
     assert_same_state(runs, "sum")
@@ -367,15 +381,16 @@ def value_state_job(env: ef.StreamEnvironment, sink: ef.Sink, failing: Callable[
 
 
 @pytest.mark.parametrize(("parallelism", "after"), [(1, 100), (1, 170), (2, 100)])
-def test_value_state_dict_mutated_in_place(parallelism: int, after: int,
-                                           tmp_path: Path) -> None:
+def test_value_state_dict_mutated_in_place(parallelism: int, after: int, tmp_path: Path,
+                                           state_backend: StateBackendFactory) -> None:
     """A ``KeyedProcessFunction`` reads the dict in its ``ValueState``,
     changes it in place (a running sum and a list of the values seen) and
     stores it back. The old runtime's snapshot shared those dicts with the
     live table: the sums and appends made after the barrier leaked into the
     checkpoint and were applied again after a restore (sums too large, values
     seen twice)."""
-    runs = reference_and_checked(value_state_job, tmp_path, after=after, parallelism=parallelism)
+    runs = reference_and_checked(value_state_job, tmp_path, state_backend, after=after,
+                                 parallelism=parallelism)
     want = {f"k{k}": {"n": sum(v for _, v in RECORDS_D[k::KEYS]),
                       "seen": [v for _, v in RECORDS_D[k::KEYS]]} for k in range(KEYS)}
     assert runs.reference.state("valued") == want
@@ -416,15 +431,16 @@ def reducing_state_job(env: ef.StreamEnvironment, sink: ef.Sink, failing: Callab
 
 
 @pytest.mark.parametrize(("parallelism", "after"), [(1, 100), (1, 170), (2, 100)])
-def test_reducing_state_accumulator_mutated_in_place(parallelism: int, after: int,
-                                                     tmp_path: Path) -> None:
+def test_reducing_state_accumulator_mutated_in_place(
+        parallelism: int, after: int, tmp_path: Path,
+        state_backend: StateBackendFactory) -> None:
     """A ``ReducingState`` whose reduce function folds each fresh record dict
     into its accumulator dict in place (``a["n"] += b["n"]``,
     ``a["items"].extend(b["items"])``) and returns it. The old runtime's
     snapshot shared the accumulator with the live table: what was folded in
     after the barrier leaked into the checkpoint and was folded in again
     after a restore (sums too large, items repeated)."""
-    runs = reference_and_checked(reducing_state_job, tmp_path, after=after,
+    runs = reference_and_checked(reducing_state_job, tmp_path, state_backend, after=after,
                                  parallelism=parallelism)
     want = {f"k{k}": {"n": sum(v for _, v in RECORDS_E[k::KEYS]),
                       "items": [v for _, v in RECORDS_E[k::KEYS]]} for k in range(KEYS)}

@@ -19,6 +19,10 @@ Settings come from environment variables, so the same file runs under
   environment's, e.g. ``eddyflow run -p 2``)
 * ``EF_SIGKILL_SLOW``  seconds of busy work per 1,000 records in the stateful
   map (default 0: full speed), to stretch the job on a fast machine
+* ``EF_SIGKILL_BACKEND``  the state backend: ``memory`` (default) or
+  ``rocksdb``, whose local databases go under ``EF_SIGKILL_ROCKSDB``, with
+  ``EF_SIGKILL_ROCKSDB_CACHE`` entries in each state's write cache (default:
+  the backend's)
 """
 
 from __future__ import annotations
@@ -62,9 +66,23 @@ def first(record: list[Any]) -> Any:
     return record[0]
 
 
+def state_backend() -> ef.StateBackend:
+    """The backend ``EF_SIGKILL_BACKEND`` names."""
+    name = os.environ.get("EF_SIGKILL_BACKEND", "memory")
+    if name == "memory":
+        return ef.MemoryStateBackend()
+    if name == "rocksdb":
+        options = {}
+        if "EF_SIGKILL_ROCKSDB_CACHE" in os.environ:
+            options["cache_size"] = int(os.environ["EF_SIGKILL_ROCKSDB_CACHE"])
+        return ef.RocksDBStateBackend(_setting("EF_SIGKILL_ROCKSDB"), **options)
+    raise RuntimeError(f"sigkill_job: EF_SIGKILL_BACKEND={name!r}: memory or rocksdb")
+
+
 def build(env: ef.StreamEnvironment) -> None:
     if "EF_SIGKILL_PARALLELISM" in os.environ:  # else the runner's (``eddyflow run -p``)
         env.parallelism = int(os.environ["EF_SIGKILL_PARALLELISM"])
+    env.set_state_backend(state_backend())
     env.enable_checkpointing(
         interval=float(os.environ.get("EF_SIGKILL_INTERVAL", "0.05")),
         directory=_setting("EF_SIGKILL_CHK"),
