@@ -12,25 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from job_support import Pace
 
 import eddyflow as ef
 
 N = 3000
 RECORDS = [(f"k{i % 300}", i) for i in range(N)]
 FINAL = dict(Counter(k for k, _ in RECORDS))
-
-
-class Pace:
-    def __init__(self) -> None:
-        self.n = 0
-
-    def __call__(self, r: Any) -> Any:
-        self.n += 1
-        if self.n % 8 == 0:
-            import time
-
-            time.sleep(0.001)
-        return r
 
 
 def env_for(tmp: Path, attempts: int) -> ef.StreamEnvironment:
@@ -42,7 +30,7 @@ def env_for(tmp: Path, attempts: int) -> ef.StreamEnvironment:
 
 
 def job(env: ef.StreamEnvironment, failing: Any) -> None:
-    ds = env.from_collection(RECORDS).name("src").map(Pace()).name("pace").set_parallelism(1)
+    ds = env.from_collection(RECORDS).name("src").map(Pace(8)).name("pace").set_parallelism(1)
     ds = ds.map(failing).name("failing").set_parallelism(1)
     ds.key_by(0).count().name("count").sink_to(ef.ListSink()).name("sink")
 
