@@ -278,9 +278,10 @@ def test_keyed_handles_are_those_overlapping_the_key_groups(checkpoints: Path) -
     assert restored.keyed_handles("count", range(0, 0)) == []
     assert restored.keyed_handles("src", range(0, mp)) == []
     assert restored.keyed_handles("no-such-operator", range(0, mp)) == []
-    kinds, entries = restored.keyed_state("count", range(0, mp))
-    assert kinds == {"count": "value"}
-    assert dict((k, v) for _, k, v in entries) == FINAL_COUNTS
+    assert restored.keyed_kinds("count") == {"count": "value"}
+    entries = [e for h in restored.keyed_handles("count", range(0, mp))
+               for e in h.read(str(checkpoints), max_parallelism=mp)]
+    assert {k: v for _, _, k, v in entries} == FINAL_COUNTS
 
 
 # -- chk-<n> names ---------------------------------------------------------------------

@@ -221,8 +221,8 @@ def test_restore_at_another_parallelism_and_across_backends(
     got: dict[Any, Any] = {}
     for s in range(after):
         new = backend(new_kind, s, after)
-        new.restore_from(storage.root, [h for h in handles
-                                        if set(h.key_groups) & set(new.key_groups)])
+        overlapping = [h for h in handles if set(h.key_groups) & set(new.key_groups)]
+        new.restore_from(storage.root, handles[0].kinds, overlapping)
         part = restored(new)
         assert all(key_group_for(k, MP) in new.key_groups for k in part)
         got.update(part)
@@ -251,11 +251,11 @@ def test_damaged_or_missing_file_is_named_at_restore(tmp_path: Path) -> None:
         f.write(b"\x00\x01\x02")
     fresh = make(tmp_path)
     with pytest.raises(CheckpointCorrupted, match="checksum mismatch") as info:
-        fresh.restore_from(storage.root, [handle])
+        fresh.restore_from(storage.root, handle.kinds, [handle])
     assert sst.path in str(info.value)
     os.unlink(path)
     with pytest.raises(CheckpointCorrupted, match="missing"):
-        make(tmp_path).restore_from(storage.root, [handle])
+        make(tmp_path).restore_from(storage.root, handle.kinds, [handle])
 
 
 def test_local_folder_goes_with_the_last_reference(tmp_path: Path) -> None:
@@ -308,3 +308,18 @@ def test_string_row_keys_take_a_fast_path_to_the_same_bytes(keys: list[str]) -> 
 
     rows = StatePrefix("s", MP)
     assert rows.prefixes(keys) == [rows.prefix(k) for k in keys]
+
+
+@pytest.mark.parametrize("kind", ["rocksdb", "memory"])
+def test_restore_declares_every_state_the_checkpoint_names(tmp_path: Path, kind: str) -> None:
+    """A state no overlapping old subtask held is declared all the same."""
+    storage = CheckpointStorage(tmp_path / "chk")
+    old = make(tmp_path)
+    fill(old, 10)
+    handle = snapshot(old, storage, 1)
+    factory: ef.StateBackend = (ef.RocksDBStateBackend(tmp_path / "again")
+                                if kind == "rocksdb" else ef.MemoryStateBackend())
+    new = factory.create_keyed_backend("op", 0, range(MP), MP, checkpointing=True)
+    new.restore_from(storage.root, {**handle.kinds, "elsewhere": "map"}, [handle])
+    assert new.kinds == {"v": "value", "l": "list", "elsewhere": "map"}
+    assert len(restored(new)) == 10

@@ -149,7 +149,8 @@ class Operator:
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` will never complete."""
 
-    def restore_keyed(self, root: str, handles: list[KeyedStateHandle]) -> None:
+    def restore_keyed(self, root: str, kinds: dict[str, str],
+                      handles: list[KeyedStateHandle]) -> None:
         raise TypeError(f"operator '{self.uid}' has no keyed state to restore")
 
 
@@ -316,9 +317,10 @@ class _Keyed(Operator):
         if self.backend is not None:
             self.backend.notify_checkpoint_aborted(checkpoint_id)
 
-    def restore_keyed(self, root: str, handles: list[KeyedStateHandle]) -> None:
+    def restore_keyed(self, root: str, kinds: dict[str, str],
+                      handles: list[KeyedStateHandle]) -> None:
         assert self.backend is not None
-        self.backend.restore_from(root, handles)
+        self.backend.restore_from(root, kinds, handles)
 
 
 class _Count(_Keyed):

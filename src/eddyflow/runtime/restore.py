@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from eddyflow.backedge.log import read_backedge_log
@@ -103,30 +103,15 @@ class RestoredCheckpoint:
             out.append(handle)
         return out
 
-    def keyed_state(self, uid: str, key_groups: range
-                    ) -> tuple[dict[str, str], Iterator[tuple[str, Any, Any]]]:
-        """State kinds and ``(state, key, value)`` of ``uid`` in ``key_groups``,
-        read from every old subtask whose key groups overlap, each subtask's
-        files in the order they apply (a deleted key's value is ``DELETED``)."""
-        # The kinds of every old subtask's states, not only of the overlapping
-        # ones: each new subtask declares every state, holding keys or not.
+    def keyed_kinds(self, uid: str) -> dict[str, str]:
+        """The kinds of the states of ``uid`` in every old subtask, not only
+        in those a new subtask reads: each new subtask declares every state,
+        holding keys of it or not."""
         kinds: dict[str, str] = {}
         for part in self._subtasks(uid):
             if part.keyed is not None:
                 kinds.update(part.keyed.kinds)
-        handles = self.keyed_handles(uid, key_groups)
-        root = self.storage.root
-        mp = self.meta.max_parallelism
-
-        def entries() -> Iterator[tuple[str, Any, Any]]:
-            for handle in handles:
-                owner = handle.key_groups if len(handle.key_groups) else None
-                for f in handle.files:
-                    for _, name, key, value in f.entries(root, key_groups=key_groups,
-                                                         owner=owner, max_parallelism=mp):
-                        yield name, key, value
-
-        return kinds, entries()
+        return kinds
 
     def backedge_records(self, head_uid: str, subtask: int, parallelism: int) -> list[Any]:
         """The records logged on the back-edges of loop head ``head_uid`` for

@@ -809,7 +809,8 @@ class Task:
             if op.keyed:
                 c = op.ctx
                 groups = key_group_range(c.subtask, c.max_parallelism, c.parallelism)
-                op.restore_keyed(restored.storage.root, restored.keyed_handles(op.uid, groups))
+                op.restore_keyed(restored.storage.root, restored.keyed_kinds(op.uid),
+                                 restored.keyed_handles(op.uid, groups))
         if self.reader is not None:
             assert self.source_uid is not None
             pos = restored.source_position(self.source_uid, self.subtask, self.parallelism)

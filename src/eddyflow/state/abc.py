@@ -38,12 +38,22 @@ __all__ = [
     "StateBackend",
     "StateFile",
     "Written",
+    "written_keys",
 ]
 
 
 #: What a table's :class:`Changes` held at a snapshot: keys written one by
 #: one, and lists of keys written batch by batch.
 Written = tuple[dict[Any, Any], list[list[Any]]]
+
+
+def written_keys(written: Written) -> dict[Any, None]:
+    """Every key of ``written``, once each, in the order first written."""
+    one_by_one, batches = written
+    keys: dict[Any, None] = dict.fromkeys(one_by_one)
+    for batch in batches:
+        keys.update(dict.fromkeys(batch))
+    return keys
 
 
 class Changes:
@@ -271,16 +281,15 @@ class KeyedStateBackend(ABC):
             self.declare(name, kind)
         return apply_entries(self._table, entries)
 
-    def restore_from(self, root: str, handles: list[KeyedStateHandle]) -> int:
-        """Load the state of this backend's key groups from the handles of
-        the old subtasks that held some of them (any backend's)."""
+    def restore_from(self, root: str, kinds: Mapping[str, str],
+                     handles: list[KeyedStateHandle]) -> int:
+        """Declare the states ``kinds`` names and load those of this backend's
+        key groups from the handles of the old subtasks that held some of
+        them (any backend's)."""
         mp = self.max_parallelism
         entries = ((name, key, value) for h in handles
                    for _, name, key, value in h.read(root, key_groups=self.key_groups,
                                                      max_parallelism=mp))
-        kinds: dict[str, str] = {}
-        for h in handles:
-            kinds.update(h.kinds)
         return self.restore(kinds, entries)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:  # noqa: B027

@@ -48,18 +48,13 @@ import os
 import time
 from typing import Any
 
+from sigkill_settings import setting, state_backend
+
 import eddyflow as ef
 
 HEAD = "head"  # the loop head's name: its identity in checkpoints
 
 State = tuple[int, int]
-
-
-def _setting(name: str) -> str:
-    try:
-        return os.environ[name]
-    except KeyError:
-        raise RuntimeError(f"sigkill_loop_job: set the environment variable {name}") from None
 
 
 def collatz(n: int) -> int:
@@ -106,23 +101,14 @@ def running(record: list[Any], state: State | None) -> tuple[list[Any], State]:
     return [key, seq, n, count, total], (count, total)
 
 
-def state_backend() -> ef.StateBackend:
-    """The backend ``EF_SIGKILL_BACKEND`` names."""
-    name = os.environ.get("EF_SIGKILL_BACKEND", "memory")
-    if name == "memory":
-        return ef.MemoryStateBackend()
-    if name == "rocksdb":
-        options = {}
-        if "EF_SIGKILL_ROCKSDB_CACHE" in os.environ:
-            options["cache_size"] = int(os.environ["EF_SIGKILL_ROCKSDB_CACHE"])
-        return ef.RocksDBStateBackend(_setting("EF_SIGKILL_ROCKSDB"), **options)
-    raise RuntimeError(f"sigkill_loop_job: EF_SIGKILL_BACKEND={name!r}: memory or rocksdb")
+def _setting(name: str) -> str:
+    return setting(name, "sigkill_loop_job")
 
 
 def build(env: ef.StreamEnvironment) -> None:
     if "EF_SIGKILL_PARALLELISM" in os.environ:  # else the runner's (``eddyflow run -p``)
         env.parallelism = int(os.environ["EF_SIGKILL_PARALLELISM"])
-    env.set_state_backend(state_backend())
+    env.set_state_backend(state_backend("sigkill_loop_job"))
     env.enable_checkpointing(
         interval=float(os.environ.get("EF_SIGKILL_INTERVAL", "0.05")),
         directory=_setting("EF_SIGKILL_CHK"),

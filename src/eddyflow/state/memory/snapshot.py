@@ -42,6 +42,7 @@ from eddyflow.state.abc import (
     SnapshotTarget,
     StateFile,
     Written,
+    written_keys,
 )
 from eddyflow.state.format import encode_chunks
 from eddyflow.state.storage import FileHandle
@@ -253,9 +254,7 @@ def _encode(tables: dict[str, dict[Any, Any]], key_sets: list[dict[str, Written]
         for written in key_sets:
             w = written.get(name)
             if w is not None:
-                one_by_one, batches = w
-                keys.update(one_by_one)
-                keys.update(dict.fromkeys(itertools.chain.from_iterable(batches)))
+                keys.update(written_keys(w))
         if not keys:
             continue
         # One look-up per key (each a likely cache miss): the value, or absent.

@@ -41,21 +41,24 @@ from eddyflow.state.abc import (
     SnapshotTarget,
     StateBackend,
     Written,
+    written_keys,
 )
 from eddyflow.state.format import DELETED
 from eddyflow.state.rocksdb.files import DbOptions, materialise, open_db, scan
-from eddyflow.state.rocksdb.keys import MAX_PARALLELISM, StatePrefix, key_group_prefix
+from eddyflow.state.rocksdb.keys import MAX_PARALLELISM, StatePrefix, key_group_bounds
 from eddyflow.state.rocksdb.reader import read_rows
-from eddyflow.state.rocksdb.snapshot import RocksSnapshotStrategy, remove_local
+from eddyflow.state.rocksdb.snapshot import RocksSnapshotStrategy
 from eddyflow.state.rocksdb.tables import (
     MISSING,
     Batch,
     ListTable,
     MapTable,
+    Pickled,
     Serializer,
     ValueTable,
     assemble,
     new_batch,
+    put_rows,
     rows_of,
 )
 from eddyflow.values import SCALARS
@@ -261,26 +264,13 @@ def _write_sst(path: str, parts: list[tuple[ValueTable, StatePrefix, Written]],
     return True
 
 
-class _Pickled:
-    """A mutable value serialised at the barrier."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-
 def _capture(table: ValueTable, written: Written, dumps: Callable[[Any], bytes]
              ) -> tuple[list[Any], list[Any]]:
     """The keys in ``written`` and their values as they are now."""
-    one_by_one, batches = written
-    keys = dict(one_by_one)
-    for b in batches:
-        keys.update(dict.fromkeys(b))
-    listed = list(keys)
+    listed = list(written_keys(written))
     values = list(map(table.get, listed, itertools.repeat(MISSING)))
     if not set(map(type, values)) <= _IMMUTABLE:
-        values = [v if type(v) in SCALARS or v is MISSING else _Pickled(dumps(v))
+        values = [v if type(v) in SCALARS or v is MISSING else Pickled(dumps(v))
                   for v in values]
     return listed, values
 
@@ -289,11 +279,7 @@ def _batch_of(deferred: list[tuple[ValueTable, list[Any], list[Any]]],
               dumps: Callable[[Any], bytes]) -> Batch:
     batch = new_batch()
     for table, keys, values in deferred:
-        for row, v in zip(table.rows.prefixes(keys), values, strict=True):
-            if v is MISSING:
-                batch.delete(row)
-            else:
-                batch.put(row, v.data if type(v) is _Pickled else dumps(v))
+        put_rows(batch, table.rows.prefixes(keys), values, dumps)
     return batch
 
 
@@ -369,15 +355,19 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         """Read-only views of the state as the database holds it (pending
         changes are flushed first, unless a snapshot's checkpoint is being
         taken); they load nothing until read."""
-        if not self._closed and not self._store.busy:
-            self.flush()
+        self._flush_unless_busy()
         loads = self.factory.serializer.loads
         return {name: RocksStateView(self._instance, name, kind, self.max_parallelism, loads)
                 for name, kind in self._kinds.items()}
 
-    def entries(self) -> Iterator[tuple[str, int, Any, Any]]:
-        if not self._closed:
+    def _flush_unless_busy(self) -> None:
+        # Not while a snapshot's checkpoint is being taken: what is written
+        # now would land in it.
+        if not self._closed and not self._store.busy:
             self.flush()
+
+    def entries(self) -> Iterator[tuple[str, int, Any, Any]]:
+        self._flush_unless_busy()
         # read_rows gives (state, key group, ...), as entries() promises.
         yield from read_rows(self._instance.reader(), self._kinds, None,
                              self.factory.serializer.loads)
@@ -513,9 +503,6 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             store.inflight.remove(flush)
         self._close_when_idle()
 
-    def drop_checkpoint(self, local: str) -> None:
-        remove_local(local)
-
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         self._strategy.confirm(checkpoint_id)
 
@@ -556,7 +543,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             t.clear()
             t.known.clear()
 
-    def restore_from(self, root: str, handles: list[KeyedStateHandle]) -> int:
+    def restore_from(self, root: str, kinds: Mapping[str, str],
+                     handles: list[KeyedStateHandle]) -> int:
+        for name, kind in kinds.items():
+            self.declare(name, kind)
         mine = [h for h in handles if h.backend == "rocksdb"]
         if len(handles) == 1 and len(mine) == 1 and mine[0].key_groups == self.key_groups:
             return self._restore_same(root, mine[0])
@@ -600,8 +590,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             old = open_db(folder, read_only=True)
             try:
                 batch = new_batch()
-                for row, value in scan(old, key_group_prefix(start), key_group_prefix(stop)
-                                       if stop < (1 << 16) else b"\xff\xff\xff"):
+                for row, value in scan(old, *key_group_bounds(range(start, stop))):
                     batch.put(row, value)
                     n += 1
                     if n % 65536 == 0:
@@ -623,8 +612,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         if self._closed:
             return
         try:
-            if not self._store.busy:
-                self.flush()
+            self._flush_unless_busy()
         finally:
             super().close()
             # A snapshot still in flight (its job is being cancelled, or

@@ -20,7 +20,7 @@ from typing import Any
 
 from eddyflow.state.storage import CheckpointCorrupted, FileHandle
 
-__all__ = ["DbOptions", "materialise", "open_db", "scan"]
+__all__ = ["DbOptions", "copy_verified", "hash_file", "materialise", "open_db", "scan"]
 
 _CHUNK = 1 << 20
 
@@ -84,27 +84,54 @@ def scan(db: Any, lower: bytes, upper: bytes) -> Iterator[tuple[bytes, bytes]]:
         it.next()
 
 
-def copy_verified(src: str, dst: str, expected: FileHandle | None = None) -> tuple[int, str]:
-    """Copy ``src`` to ``dst``; its size and SHA-256 (checked against
-    ``expected`` when given, raising :class:`CheckpointCorrupted`)."""
+def copy_verified(src: str, dst: str, expected: FileHandle | None = None, *,
+                  sync: bool = False) -> tuple[int, str]:
+    """Copy ``src`` to ``dst`` (fsynced if ``sync``); its size and SHA-256,
+    checked against ``expected`` when given. What is wrong with the source
+    (missing, unreadable, not as expected) raises :class:`CheckpointCorrupted`
+    naming it; what goes wrong writing ``dst`` stays an ``OSError`` (an
+    upload into a checkpoint folder that an abort removed is not damage)."""
     digest = hashlib.sha256()
     size = 0
     try:
-        with open(src, "rb") as fin, open(dst, "wb") as fout:
-            while chunk := fin.read(_CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
-                fout.write(chunk)
+        fin = open(src, "rb")  # noqa: SIM115 - closed below; its errors are the source's
     except FileNotFoundError:
         raise CheckpointCorrupted(f"{src}: missing") from None
     except OSError as exc:
         raise CheckpointCorrupted(f"{src}: unreadable: {exc}") from exc
+    with fin, open(dst, "wb") as fout:
+        while True:
+            try:
+                chunk = fin.read(_CHUNK)
+            except OSError as exc:
+                raise CheckpointCorrupted(f"{src}: unreadable: {exc}") from exc
+            if not chunk:
+                break
+            digest.update(chunk)
+            size += len(chunk)
+            fout.write(chunk)
+        if sync:
+            fout.flush()
+            os.fsync(fout.fileno())
     sha = digest.hexdigest()
     if expected is not None and (size != expected.size or sha != expected.sha256):
         what = (f"{size} bytes instead of {expected.size}" if size != expected.size
                 else "checksum mismatch")
         raise CheckpointCorrupted(f"{src}: {what}")
     return size, sha
+
+
+def hash_file(path: str, *, sync: bool = False) -> tuple[int, str]:
+    """Size and SHA-256 of ``path`` (fsynced first if ``sync``)."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        if sync:
+            os.fsync(f.fileno())
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
 
 
 def materialise(root: str, files: Mapping[str, FileHandle], folder: str) -> None:

@@ -39,6 +39,7 @@ __all__ = [
     "StatePrefix",
     "decode_key",
     "encode_key",
+    "key_group_bounds",
     "key_group_of_row",
     "key_group_prefix",
 ]
@@ -132,6 +133,15 @@ _STR_HEADERS = [b"\x04" + bytes((n,)) for n in range(0xFF)]
 def key_group_prefix(key_group: int) -> bytes:
     """The first bytes of every row of ``key_group``."""
     return _KG.pack(key_group)
+
+
+def key_group_bounds(key_groups: range | None) -> tuple[bytes, bytes]:
+    """``[lower, upper)`` of the rows of ``key_groups`` (every row: ``None``).
+    A key group is below ``MAX_PARALLELISM``, so its two bytes never reach
+    ``0xffff``: one byte past the last is above every row."""
+    if key_groups is None:
+        return b"", b"\xff"
+    return _KG.pack(key_groups.start), _KG.pack(key_groups.stop)
 
 
 def key_group_of_row(row: bytes) -> int:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from eddyflow.state.rocksdb.files import materialise, open_db, scan
-from eddyflow.state.rocksdb.keys import key_group_prefix, split_row
+from eddyflow.state.rocksdb.keys import key_group_bounds, split_row
 from eddyflow.state.rocksdb.tables import assemble
 
 if TYPE_CHECKING:
@@ -28,9 +28,7 @@ def read_rows(db: Any, kinds: Mapping[str, str], key_groups: range | None,
               ) -> Iterator[tuple[str, int, Any, Any]]:
     """``(state, key group, key, value)`` of every row of ``db`` in
     ``key_groups`` (all of them when ``None``), whole values assembled."""
-    lower = key_group_prefix(key_groups.start) if key_groups else b""
-    upper = (key_group_prefix(key_groups.stop) if key_groups and key_groups.stop < (1 << 16)
-             else b"\xff\xff\xff")
+    lower, upper = key_group_bounds(key_groups)
     # Rows come in (key group, state, key) order: assemble runs of one state.
     run: list[tuple[Any, bytes, Any]] = []
     last: tuple[int, str] = (-1, "")

@@ -37,6 +37,7 @@ import anyio
 
 from eddyflow.durable import fsync_dir
 from eddyflow.state.abc import KeyedSnapshot, KeyedStateHandle, SnapshotTarget
+from eddyflow.state.rocksdb.files import copy_verified, hash_file
 from eddyflow.state.storage import FileHandle, checkpoint_dir_name
 
 if TYPE_CHECKING:
@@ -95,7 +96,8 @@ class _RocksSnapshot(KeyedSnapshot):
             files, new = await anyio.to_thread.run_sync(
                 _upload, self.local, t.root, self.base, shared, private, self.cancelled)
         finally:
-            self.strategy.backend.drop_checkpoint(self.local)
+            # The local checkpoint's links are not needed once uploaded (or not).
+            shutil.rmtree(self.local, ignore_errors=True)
         self.strategy.record(t.checkpoint_id, files)
         return KeyedStateHandle("rocksdb", self.kinds, self.entries, backend.key_groups,
                                 db_files=tuple(sorted(files.items())), new_files=new)
@@ -141,35 +143,9 @@ def _put(src: str, dst: str, rel: str, linked: bool) -> FileHandle:
         except OSError:
             linked = False
     if linked:
-        import hashlib
-
-        digest = hashlib.sha256()
-        size = 0
-        with open(tmp, "rb") as f:
-            while chunk := f.read(1 << 20):
-                digest.update(chunk)
-                size += len(chunk)
-            os.fsync(f.fileno())  # (RocksDB syncs what it writes; an ingested file too?)
-        sha = digest.hexdigest()
+        size, sha = hash_file(tmp, sync=True)
     else:
-        # (Errors stay OSErrors: an abort may remove the checkpoint's folder
-        # under this copy, and the task ignores an OSError of an aborted
-        # checkpoint.)
-        import hashlib
-
-        digest = hashlib.sha256()
-        size = 0
-        with open(src, "rb") as fin, open(tmp, "wb") as fout:
-            while chunk := fin.read(1 << 20):
-                digest.update(chunk)
-                size += len(chunk)
-                fout.write(chunk)
-            fout.flush()
-            os.fsync(fout.fileno())
-        sha = digest.hexdigest()
+        size, sha = copy_verified(src, tmp, sync=True)
     os.replace(tmp, dst)
     return FileHandle(rel, size, sha)
 
-
-def remove_local(folder: str) -> None:
-    shutil.rmtree(folder, ignore_errors=True)

@@ -29,11 +29,12 @@ import struct
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from typing import Any, Protocol
 
-from eddyflow.state.abc import Changes, Written
-from eddyflow.state.rocksdb.keys import StatePrefix, encode_key
+from eddyflow.state.abc import Changes, Written, written_keys
+from eddyflow.state.rocksdb.keys import StatePrefix, decode_key, encode_key
 from eddyflow.values import SCALARS
 
-__all__ = ["MISSING", "ListTable", "MapTable", "RowStore", "Serializer", "ValueTable", "rows_of"]
+__all__ = ["MISSING", "ListTable", "MapTable", "Pickled", "RowStore", "Serializer", "ValueTable",
+           "put_rows", "rows_of"]
 
 _MISSING: Any = object()
 #: The value of a key written and then removed.
@@ -137,24 +138,15 @@ class ValueTable(dict[Any, Any]):
 
     def write_into(self, batch: Batch, written: Written) -> int:
         rows, values = rows_of(self, self.rows, written)
-        dumps = self.store.serializer.dumps
-        put, delete = batch.put, batch.delete
-        for row, v in zip(rows, values, strict=True):
-            if v is MISSING:
-                delete(row)
-            else:
-                put(row, dumps(v))
+        put_rows(batch, rows, values, self.store.serializer.dumps)
         return len(rows)
 
     def rewrite(self, written: Written) -> None:
         """Record ``written`` as written again (a snapshot that was to write
         them was abandoned)."""
-        one_by_one, batches = written
         keys = self.changes.keys
         assert keys is not None
-        keys.update(one_by_one)
-        for b in batches:
-            keys.update(dict.fromkeys(b))
+        keys.update(written_keys(written))
 
     def evict(self) -> None:
         """Write what changed and drop the older half of the cache (by when
@@ -191,14 +183,32 @@ def rows_of(table: dict[Any, Any], prefix: StatePrefix, written: Written
             ) -> tuple[list[bytes], list[Any]]:
     """The rows of the keys in ``written`` and their values in ``table``
     (``MISSING``: removed since)."""
-    one_by_one, batches = written
-    keys = dict(one_by_one)
-    for b in batches:
-        keys.update(dict.fromkeys(b))
+    keys = written_keys(written)
     if not keys:
         return [], []
     listed = list(keys)
     return prefix.prefixes(listed), list(map(table.get, listed, itertools.repeat(_MISSING)))
+
+
+class Pickled:
+    """A value serialised already (a mutable one, at the barrier)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+def put_rows(batch: Batch, rows: list[bytes], values: list[Any],
+             dumps: Callable[[Any], bytes]) -> None:
+    """Each row with its value into ``batch``: ``MISSING`` deletes it, a
+    :class:`Pickled` value goes as it is."""
+    put, delete = batch.put, batch.delete
+    for row, v in zip(rows, values, strict=True):
+        if v is MISSING:
+            delete(row)
+        else:
+            put(row, v.data if type(v) is Pickled else dumps(v))
 
 
 def new_batch() -> Batch:
@@ -288,7 +298,7 @@ class MapTable(_RowTable):
             loads = self.store.serializer.loads
             for rest, raw in self._scan(key):
                 if rest:
-                    mk, _ = _decode(rest)
+                    mk, _ = decode_key(rest)
                     out[mk] = loads(raw)
         for mk, v in self._pending.get(key, {}).items():
             if v is _GONE:
@@ -404,12 +414,6 @@ class ListTable(_RowTable):
         self.clear_key(key)
 
 
-def _decode(rest: bytes) -> tuple[Any, int]:
-    from eddyflow.state.rocksdb.keys import decode_key
-
-    return decode_key(rest)
-
-
 def assemble(kind: str, key_rest_values: Iterable[tuple[Any, bytes, Any]]
              ) -> Iterator[tuple[Any, Any]]:
     """Whole values from rows in key order: ``(key, rest of the row key,
@@ -420,7 +424,7 @@ def assemble(kind: str, key_rest_values: Iterable[tuple[Any, bytes, Any]]
         return
     for key, rows in itertools.groupby(key_rest_values, key=_first):
         if kind == "map":
-            m = {_decode(rest)[0]: v for _, rest, v in rows if rest}
+            m = {decode_key(rest)[0]: v for _, rest, v in rows if rest}
             if m:
                 yield key, m
         else:
@@ -432,5 +436,3 @@ def assemble(kind: str, key_rest_values: Iterable[tuple[Any, bytes, Any]]
 def _first(t: tuple[Any, bytes, Any]) -> Any:
     return t[0]
 
-
-Loads = Callable[[bytes], Any]
