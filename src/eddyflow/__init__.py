@@ -18,7 +18,7 @@ from eddyflow.connectors import (
 from eddyflow.connectors.log import Log
 from eddyflow.datastream import DataStream, IterativeStream, KeyedStream
 from eddyflow.environment import StreamEnvironment
-from eddyflow.errors import EddyflowError, JobFailed
+from eddyflow.errors import CheckpointFolderInUse, EddyflowError, JobFailed, RestoreRefused
 from eddyflow.functions import KeyedProcessFunction, RuntimeContext
 from eddyflow.keygroups import UnsupportedKeyError
 from eddyflow.restart import FixedDelayRestart, NoRestart, RestartStrategy
@@ -36,6 +36,7 @@ from eddyflow.state import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "CheckpointFolderInUse",
     "CheckpointInfo",
     "DataStream",
     "EddyflowError",
@@ -56,6 +57,7 @@ __all__ = [
     "PrintSink",
     "ReducingState",
     "RestartStrategy",
+    "RestoreRefused",
     "RocksDBStateBackend",
     "RuntimeContext",
     "Sink",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 from collections.abc import AsyncIterable, Iterable
 from typing import Any
 
@@ -14,7 +15,7 @@ from eddyflow.connectors.log import LogSource
 from eddyflow.connectors.source import Source
 from eddyflow.connectors.textfile import TextFileSource
 from eddyflow.datastream import DataStream
-from eddyflow.errors import JobFailed
+from eddyflow.errors import JobFailed, RestoreRefused
 from eddyflow.graph.logical import LogicalGraph, Partitioning
 from eddyflow.graph.plan import ExecutionPlan, build_plan
 from eddyflow.keygroups import MAX_PARALLELISM
@@ -22,16 +23,52 @@ from eddyflow.restart import NoRestart, RestartStrategy
 from eddyflow.result import JobResult
 from eddyflow.runtime.coordinator import MODES, CheckpointConfig
 from eddyflow.runtime.job import JobRunner, RuntimeConfig
-from eddyflow.runtime.operators import SourceSpec
+from eddyflow.runtime.operators import SinkSpec, SourceSpec
 from eddyflow.runtime.restore import RestoredCheckpoint
+from eddyflow.runtime.supersede import supersede_later_output
 from eddyflow.state.abc import StateBackend
+from eddyflow.state.commits import commit_record_ids, next_checkpoint_id
+from eddyflow.state.lock import FolderLock
 from eddyflow.state.memory import MemoryStateBackend
 from eddyflow.state.metadata import read_checkpoint
-from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage, parse_checkpoint_dir
+from eddyflow.state.storage import (
+    METADATA,
+    CheckpointCorrupted,
+    CheckpointStorage,
+    parse_checkpoint_dir,
+)
 
 __all__ = ["StreamEnvironment"]
 
 log = logging.getLogger("eddyflow")
+
+
+def _latest_or_refuse(storage: CheckpointStorage) -> RestoredCheckpoint | None:
+    """The latest checkpoint of ``storage`` that verifies; ``None`` for a
+    folder where no checkpoint ever completed; refused where some did but
+    none verifies: a fresh start there would write the sinks' output again."""
+    latest = RestoredCheckpoint.latest(storage)
+    if latest is not None:
+        return latest
+    completed = sorted(set(storage.completed_ids()) | set(commit_record_ids(storage)))
+    if not completed:
+        return None
+    raise RestoreRefused(
+        f"restore='latest': no checkpoint in {storage.root} verifies (checkpoints "
+        f"{', '.join(map(str, completed))} completed; the warnings above say what is "
+        "wrong with each); pass restore=None to start afresh deliberately")
+
+
+def _report_lost_metadata(storage: CheckpointStorage) -> None:
+    """A ``chk-<n>`` folder without ``_metadata`` is normally a checkpoint a
+    crash interrupted; one whose sinks committed had completed, and lost it."""
+    committed = set(commit_record_ids(storage))
+    for n in storage.checkpoint_ids():
+        folder = storage.checkpoint_dir(n)
+        if n in committed and not os.path.exists(os.path.join(folder, METADATA)):
+            log.warning("checkpoint %d had completed (its sinks committed its output) but "
+                        "%s is missing: it cannot be restored and is removed",
+                        n, os.path.join(folder, METADATA))
 
 
 def _positive_int(value: Any, what: str) -> int:
@@ -191,7 +228,7 @@ class StreamEnvironment:
         if restore == "latest":
             if storage is None:
                 return None  # nothing can have been checkpointed: a fresh start
-            return RestoredCheckpoint.latest(storage)
+            return _latest_or_refuse(storage)
         path = os.path.abspath(os.fspath(restore))
         n = parse_checkpoint_dir(path)
         if n is None:
@@ -200,7 +237,7 @@ class StreamEnvironment:
         try:
             meta = read_checkpoint(at, n, verify_files=True)
         except CheckpointCorrupted as exc:
-            raise ValueError(f"cannot restore from {path}: {exc}") from exc
+            raise RestoreRefused(f"cannot restore from {path}: {exc}") from exc
         return RestoredCheckpoint(at, n, meta)
 
     async def execute_async(self, job_name: str = "eddyflow job",
@@ -210,15 +247,44 @@ class StreamEnvironment:
 
         ``restore``: ``None`` (fresh start), ``"latest"`` (the latest complete
         checkpoint in the checkpoint directory, or a fresh start if there is
-        none) or the path of a ``chk-<n>`` folder. Failures restart the job
-        from its latest complete checkpoint as the restart strategy allows.
+        none; refused if the directory holds checkpoints none of which
+        verifies) or the path of a ``chk-<n>`` folder. Failures restart the
+        job from its latest complete checkpoint as the restart strategy
+        allows. Sink output committed after the checkpoint a run resumes
+        from is taken back first (``Sink.supersede``), so that nothing is
+        written twice. The job holds the checkpoint directory's lock while
+        it runs: a second job on the same directory is refused.
         """
         plan = self.plan()
         config = self._runtime_config()
+        storage = self._storage()
+        lock = FolderLock(storage.root, job_name) if storage is not None else None
+        if lock is not None:
+            lock.acquire()
+        try:
+            return await self._execute_locked(plan, config, storage, job_name, restore)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    async def _execute_locked(self, plan: ExecutionPlan, config: RuntimeConfig,
+                              storage: CheckpointStorage | None, job_name: str,
+                              restore: str | os.PathLike[str] | None) -> JobResult:
+        if storage is not None:
+            _report_lost_metadata(storage)
         restored = self._resolve_restore(restore)
         if restored is not None:
             restored.check_compatible(plan)
-        storage = self._storage()
+        # A fresh start draws a new lineage; a restore continues the one of
+        # its checkpoint (state/commits.py).
+        lineage = (restored.meta.lineage if restored is not None else None) \
+            or secrets.token_hex(8)
+        sinks = {n.uid: n.payload.sink for n in plan.graph.nodes
+                 if isinstance(n.payload, SinkSpec)}
+        journals = [s for s in (storage, restored.storage if restored else None)
+                    if s is not None]
+        if restored is not None:
+            supersede_later_output(restored, lineage, journals, sinks)
         if storage is not None:
             storage.ensure()
             removed = storage.clean_incomplete()
@@ -233,10 +299,10 @@ class StreamEnvironment:
         initial = restored  # may live in another directory than our own checkpoints
         used_ids = 1  # ids are never reused within an execution, aborted ones included
         while True:
-            next_id = max(storage.next_id() if storage is not None else 1, used_ids)
+            next_id = max(next_checkpoint_id(storage) if storage is not None else 1, used_ids)
             runner = JobRunner(plan, config, job_name, checkpointing=self.checkpoint_config,
                                restore=restored, next_checkpoint_id=next_id,
-                               completed_checkpoints=completed)
+                               completed_checkpoints=completed, lineage=lineage)
             try:
                 result = await runner.run()
             except JobFailed as exc:
@@ -256,6 +322,9 @@ class StreamEnvironment:
                     latest = RestoredCheckpoint.latest(storage, among=completed)
                     if latest is not None:
                         restored = latest
+                    # The latest completed checkpoint may not verify any more:
+                    # what the sinks committed after the one resumed from goes.
+                    supersede_later_output(restored, lineage, journals, sinks)
                 continue
             result.restarts = restarts
             return result

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["EddyflowError", "JobFailed"]
+__all__ = ["CheckpointFolderInUse", "EddyflowError", "JobFailed", "RestoreRefused"]
 
 
 class EddyflowError(Exception):
@@ -22,3 +22,18 @@ class JobFailed(EddyflowError):
         self.operator = operator
         self.subtask = subtask
         self.position = position
+
+
+class RestoreRefused(EddyflowError, ValueError):
+    """A restore that would be silently wrong is refused before anything
+    runs: nothing to restore from where something should be, or output a
+    sink committed after the restored checkpoint that it cannot take back."""
+
+
+class CheckpointFolderInUse(EddyflowError, RuntimeError):
+    """Another live job holds the checkpoint folder's lock; ``pid`` is its
+    process id when known."""
+
+    def __init__(self, message: str, *, pid: int | None = None) -> None:
+        super().__init__(message)
+        self.pid = pid

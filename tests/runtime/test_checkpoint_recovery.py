@@ -186,7 +186,7 @@ def state_files(directory: Path, checkpoint_id: int) -> list[Path]:
     return [directory / h["path"] for h in meta["files"] if int(h["size"]) > 0]
 
 
-def restore_and_finish(directory: Path, restore: str, *,
+def restore_and_finish(directory: Path, restore: str | None, *,
                        backend: StateBackendFactory | None = None,
                        **kwargs: Any) -> ef.JobResult:
     env = make_env(directory, backend=backend)
@@ -422,19 +422,24 @@ def test_checkpoint_without_metadata_is_never_restored_and_removed(
                for r in caplog.records)
 
 
-def test_all_checkpoints_damaged_restore_latest_starts_fresh(
+def test_all_checkpoints_damaged_restore_latest_is_refused(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # A fresh start over checkpoints that completed (and committed) would
+    # write their output again: refused unless asked for with restore=None.
     directory = tmp_path / "chk"
     ids = crashed_run(directory)
     for n in ids:
         _truncate(directory / f"chk-{n}" / "_metadata")
-    with caplog.at_level(logging.WARNING, logger="eddyflow.checkpoints"):
-        result = restore_and_finish(directory, "latest")
-    assert result.records_out["src"] == N
-    assert result.state("count") == FINAL_COUNTS
+    with caplog.at_level(logging.WARNING, logger="eddyflow.checkpoints"), \
+            pytest.raises(ef.RestoreRefused, match=r"no checkpoint in .* verifies") as refused:
+        restore_and_finish(directory, "latest")
+    assert "restore=None" in str(refused.value)
     warned = " ".join(r.getMessage() for r in caplog.records)
     for n in ids:
         assert f"chk-{n}" in warned
+    result = restore_and_finish(directory, None)
+    assert result.records_out["src"] == N
+    assert result.state("count") == FINAL_COUNTS
 
 
 def test_incomplete_folders_are_removed_at_start(tmp_path: Path) -> None:

@@ -7,6 +7,10 @@ or ``_``. Preparing fsyncs and renames in-progress to pending; committing
 renames pending to its final ``part-*`` name (atomic on POSIX) and fsyncs the
 folder. A commit whose pending file is gone and whose final file exists was
 done already, which makes commits idempotent for recovery.
+
+Output that a restore from an earlier checkpoint will produce again is moved
+into ``_superseded/chk-<n>/`` (ignored by readers, kept for whoever wants it
+back), file by file, so that the folder never holds a record twice.
 """
 
 from __future__ import annotations
@@ -51,6 +55,24 @@ class FileSink(Sink):
                 )
         if committables:
             fsync_dir(self.path)
+
+    def supersede(self, checkpoint_id: int, committables: list[Any]) -> str | None:
+        aside = os.path.join(self.path, "_superseded", f"chk-{checkpoint_id}")
+        moved = False
+        for _pending, final in committables:
+            src = os.path.join(self.path, final)
+            if not os.path.exists(src):
+                # Moved already, or never committed: then its pending file
+                # is discarded by recover() like any unrecorded transaction.
+                continue
+            os.makedirs(aside, exist_ok=True)
+            os.replace(src, os.path.join(aside, final))
+            moved = True
+        if moved:
+            fsync_dir(aside)
+            fsync_dir(os.path.dirname(aside))
+            fsync_dir(self.path)
+        return aside
 
     def recover(self, committed: list[Any]) -> None:
         if not os.path.isdir(self.path):

@@ -56,16 +56,33 @@ class Sink(ABC):
         and discard every other transaction left pending by an earlier attempt."""
         self.commit(committed)
 
+    def supersede(self, checkpoint_id: int, committables: list[Any]) -> str | None:
+        """Take back the output committed for checkpoint ``checkpoint_id``.
+
+        Called before a restore from an earlier checkpoint, which will
+        produce that output again: move it aside (keep it recoverable) and
+        return where it went, for the warning the runtime logs. Must be
+        idempotent, like :meth:`commit`. The default returns ``None``: this
+        sink cannot take output back, and the restore is refused rather
+        than emitting it twice."""
+        return None
+
 
 class ListSink(Sink):
     """Collects committed records in memory; read ``.results`` after the run.
 
-    ``results`` holds committed records only, in commit order.
+    ``results`` holds committed records only, in commit order. Output a
+    restore from an earlier checkpoint takes back (see :meth:`Sink.supersede`)
+    moves from ``results`` to ``superseded``.
     """
 
     def __init__(self) -> None:
         self.results: list[Any] = []
+        self.superseded: list[Any] = []
         self._staged: dict[tuple[int, int], list[Any]] = {}
+        # Committed transactions in commit order, with their record counts:
+        # what supersede needs to find a transaction's records in `results`.
+        self._committed: dict[tuple[int, int], int] = {}
         self._next_txn = 0
         # Writers may run in other threads in future executors; cheap insurance.
         self._lock = threading.Lock()
@@ -90,6 +107,29 @@ class ListSink(Sink):
                 records = self._staged.pop((subtask, txn), None)
                 if records is not None:  # None: committed already
                     self.results.extend(records)
+                    self._committed[(subtask, txn)] = len(records)
+
+    def supersede(self, checkpoint_id: int, committables: list[Any]) -> str | None:
+        gone = {(subtask, txn) for subtask, txn in committables}
+        with self._lock:
+            if not gone & self._committed.keys():
+                return "ListSink.superseded"  # taken back already, or never here
+            if len(self.results) != sum(self._committed.values()):
+                raise RuntimeError(
+                    "ListSink.results was changed outside the sink: the output of "
+                    f"checkpoint {checkpoint_id} cannot be taken back")
+            kept: list[Any] = []
+            at = 0
+            for txn, n in list(self._committed.items()):
+                records = self.results[at:at + n]
+                at += n
+                if txn in gone:
+                    self.superseded.extend(records)
+                    del self._committed[txn]
+                else:
+                    kept.extend(records)
+            self.results[:] = kept
+        return "ListSink.superseded"
 
     def recover(self, committed: list[Any]) -> None:
         self.commit(committed)

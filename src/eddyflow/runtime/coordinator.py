@@ -35,6 +35,7 @@ from eddyflow.connectors.sink import Sink
 from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.runtime.events import Barrier
 from eddyflow.runtime.faults import fault_point
+from eddyflow.state.commits import CommitRecord, remove_commit_record, write_commit_record
 from eddyflow.state.metadata import (
     CheckpointGraph,
     CheckpointMetadata,
@@ -101,8 +102,11 @@ class CheckpointCoordinator:
         sinks: dict[str, Sink],
         next_id: int = 1,
         completed: Sequence[int] = (),
+        lineage: str = "",
     ) -> None:
         self.config = config
+        #: The history the checkpoints of this run belong to (state/commits.py).
+        self.lineage = lineage
         self.mode = config.mode if config else "exactly_once"
         self.storage = CheckpointStorage(config.directory) if config else None
         self.job_name = job_name
@@ -308,8 +312,16 @@ class CheckpointCoordinator:
                 "checkpointed_size": meta.checkpointed_size, "full_size": meta.full_size,
             })
             log.info("checkpoint %d complete in %.3f s", p.id, duration)
+        by_sink = self._committables(p)
+        if self.storage is not None and by_sink:
+            # Durable before any sink commits: a restore from an older
+            # checkpoint must find out what to take back, even if this
+            # checkpoint's _metadata is what gets lost.
+            await write_commit_record(self.storage, CommitRecord(
+                p.id, self.lineage, {uid: tuple(c) for uid, c in by_sink.items()}))
         fault_point("sink.before_commit")
-        self._commit(p)
+        for uid, committables in by_sink.items():
+            self.sinks[uid].commit(committables)
         for t in self.tasks:
             t.notify_checkpoint_complete(p.id)
         if self.storage is not None:
@@ -317,14 +329,14 @@ class CheckpointCoordinator:
         p.done.set()
         self._resume.set()
 
-    def _commit(self, p: _Pending) -> None:
+    @staticmethod
+    def _committables(p: _Pending) -> dict[str, list[Any]]:
         by_sink: dict[str, list[Any]] = {}
         for parts in p.parts.values():
             for uid, part in parts.items():
                 if part.committables:
                     by_sink.setdefault(uid, []).extend(part.committables)
-        for uid, committables in by_sink.items():
-            self.sinks[uid].commit(committables)
+        return by_sink
 
     def is_aborted(self, checkpoint_id: int) -> bool:
         return checkpoint_id in self.aborted
@@ -352,6 +364,9 @@ class CheckpointCoordinator:
         self.retained = keep
         for n in victims:
             await self.storage.discard_async(n)
+            # No restore can go back past a retained checkpoint: nothing
+            # this one committed can need taking back any more.
+            remove_commit_record(self.storage, n)
             if self.registry is not None:
                 self.registry.unregister(n)
         self.sweep_aborted()
@@ -423,6 +438,7 @@ class CheckpointCoordinator:
             files=tuple(files.values()),
             checkpointed_size=written,
             full_size=full_size,
+            lineage=self.lineage or None,
             tasks={f"{names[k]}[{k[1]}]": TaskStats(s.alignment_duration, s.sync_duration,
                                                      s.async_duration)
                    for k, s in sorted(p.acks.items())},

@@ -63,6 +63,7 @@ class JobRunner:
         restore: RestoredCheckpoint | None = None,
         next_checkpoint_id: int = 1,
         completed_checkpoints: Sequence[int] = (),
+        lineage: str = "",
     ) -> None:
         self.plan = plan
         self.config = config
@@ -73,7 +74,8 @@ class JobRunner:
             n.uid: n.payload.sink for n in plan.graph.nodes if isinstance(n.payload, SinkSpec)
         }
         self.coordinator = CheckpointCoordinator(
-            checkpointing, job_name, plan, self.sinks, next_checkpoint_id, completed_checkpoints
+            checkpointing, job_name, plan, self.sinks, next_checkpoint_id, completed_checkpoints,
+            lineage=lineage,
         )
         self._spawn: Any = None
         self.loops = [LoopTracker(i) for i in range(len(plan.loops))]

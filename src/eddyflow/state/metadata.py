@@ -212,6 +212,10 @@ class CheckpointMetadata:
     full_size: int
     #: By task name and subtask, ``"<name>[<subtask>]"``.
     tasks: Mapping[str, TaskStats]
+    #: The history this checkpoint belongs to: drawn by a fresh start,
+    #: inherited by every restore (see :mod:`eddyflow.state.commits`).
+    #: ``None`` in checkpoints written before lineages existed.
+    lineage: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -229,6 +233,7 @@ class CheckpointMetadata:
             "checkpointed_size": self.checkpointed_size,
             "full_size": self.full_size,
             "tasks": {name: t.to_json() for name, t in self.tasks.items()},
+            **({} if self.lineage is None else {"lineage": self.lineage}),
         }
 
     @staticmethod
@@ -251,6 +256,7 @@ class CheckpointMetadata:
                 checkpointed_size=int(d["checkpointed_size"]),
                 full_size=int(d["full_size"]),
                 tasks={name: TaskStats.from_json(t) for name, t in d["tasks"].items()},
+                lineage=None if d.get("lineage") is None else str(d["lineage"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             # One kind of error, whatever is missing or mistyped, deep down or not.

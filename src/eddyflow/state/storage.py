@@ -168,6 +168,7 @@ class CheckpointStorage:
 
     def ensure(self) -> None:
         os.makedirs(os.path.join(self.root, "shared"), exist_ok=True)
+        os.makedirs(os.path.join(self.root, "_commits"), exist_ok=True)
 
     def checkpoint_ids(self) -> list[int]:
         """Ids of every ``chk-<n>`` folder, complete or not, ascending."""
@@ -196,6 +197,18 @@ class CheckpointStorage:
         else:
             size, sha = await _run_off_loop(_write_durably, path, data)
         return FileHandle(relpath, size, sha)
+
+    async def write_small(self, relpath: str, data: bytes) -> None:
+        """Write a small file under the root durably, its folder's entry
+        included (by the writer process when there is one)."""
+        path = os.path.join(self.root, relpath)
+        folder = os.path.dirname(path)
+        writer = self._running_writer()
+        if writer is not None:
+            await writer.write(path, data, sync_after=[folder])
+        else:
+            _write_durably(path, [data], folder)
+            await anyio.lowlevel.checkpoint()
 
     async def write_metadata(self, checkpoint_id: int, meta: dict[str, Any]) -> str:
         """Write ``chk-<n>/_metadata`` last and atomically; from this moment
