@@ -138,9 +138,12 @@ class StreamEnvironment:
     def from_source(self, source: Source, *, parallelism: int | None = None) -> DataStream:
         if not isinstance(source, Source):
             raise TypeError(f"from_source needs an ef.Source, got {source!r:.100}")
+        # An unnamed source's uid derives from its description (its type
+        # and file or log name: ``source.name``) and its ordinal among
+        # equal sources, not from how many operators were declared before.
         node = self._graph.add_node(
-            "source", SourceSpec(source), is_source=True, parallelism=parallelism,
-            max_source_parallelism=source.max_parallelism,
+            "source", SourceSpec(source), detail=source.name, is_source=True,
+            parallelism=parallelism, max_source_parallelism=source.max_parallelism,
         )
         return DataStream(self, ((node.id, Partitioning.DEFAULT, None),), node)
 
