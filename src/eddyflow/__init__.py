@@ -18,7 +18,7 @@ from eddyflow.connectors import (
 from eddyflow.connectors.log import Log
 from eddyflow.datastream import DataStream, IterativeStream, KeyedStream
 from eddyflow.environment import StreamEnvironment
-from eddyflow.errors import EddyflowError, JobFailed
+from eddyflow.errors import EddyflowError, IncompatibleCheckpoint, JobFailed
 from eddyflow.functions import KeyedProcessFunction, RuntimeContext
 from eddyflow.keygroups import UnsupportedKeyError
 from eddyflow.restart import FixedDelayRestart, NoRestart, RestartStrategy
@@ -41,6 +41,7 @@ __all__ = [
     "EddyflowError",
     "FileSink",
     "FixedDelayRestart",
+    "IncompatibleCheckpoint",
     "IterativeStream",
     "JobFailed",
     "JobResult",

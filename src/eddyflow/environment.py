@@ -207,7 +207,8 @@ class StreamEnvironment:
         return RestoredCheckpoint(at, n, meta)
 
     async def execute_async(self, job_name: str = "eddyflow job",
-                            restore: str | os.PathLike[str] | None = None) -> JobResult:
+                            restore: str | os.PathLike[str] | None = None, *,
+                            allow_non_restored_state: bool = False) -> JobResult:
         """Run the job inside the running event loop; cancelling the awaiting
         task cancels every task of the job.
 
@@ -215,12 +216,17 @@ class StreamEnvironment:
         checkpoint in the checkpoint directory, or a fresh start if there is
         none) or the path of a ``chk-<n>`` folder. Failures restart the job
         from its latest complete checkpoint as the restart strategy allows.
+
+        State in the restored checkpoint that no operator of the job matches
+        by uid and kind refuses the restore before anything runs
+        (:class:`ef.IncompatibleCheckpoint`, a ``ValueError``), unless
+        ``allow_non_restored_state`` drops it (with a warning naming it).
         """
         plan = self.plan()
         config = self._runtime_config()
         restored = self._resolve_restore(restore)
         if restored is not None:
-            restored.check_compatible(plan)
+            restored.check_compatible(plan, allow_non_restored_state=allow_non_restored_state)
         storage = self._storage()
         if storage is not None:
             storage.ensure()
@@ -263,8 +269,10 @@ class StreamEnvironment:
             result.restarts = restarts
             return result
 
-    def execute(self, job_name: str = "eddyflow job", restore: str | None = None) -> JobResult:
-        """Run the job to completion (blocking)."""
+    def execute(self, job_name: str = "eddyflow job", restore: str | None = None, *,
+                allow_non_restored_state: bool = False) -> JobResult:
+        """Run the job to completion (blocking); the arguments are those of
+        :meth:`execute_async`."""
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -274,7 +282,8 @@ class StreamEnvironment:
         if not running:
             # (Outside the except block: a job's failure must not arrive
             # chained to "no running event loop".)
-            return asyncio.run(self.execute_async(job_name, restore=restore))
+            return asyncio.run(self.execute_async(
+                job_name, restore=restore, allow_non_restored_state=allow_non_restored_state))
         raise RuntimeError(
             "execute() blocks and cannot run inside a running event loop; "
             "use `await env.execute_async(...)`"
