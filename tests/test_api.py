@@ -9,6 +9,7 @@ records in and out per operator.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ def _run(build: Any, parallelism: int = 1) -> list[Any]:
 def test_non_callable_to_stateless_operator(method: str, bad: Any) -> None:
     env = ef.StreamEnvironment()
     ds = env.from_collection([1]).map(str)
-    with pytest.raises(TypeError, match=rf"operator '{method}-2'.*must be callable"):
+    with pytest.raises(TypeError, match=rf"operator '{method}-[0-9a-f]{{8}}'.*must be callable"):
         getattr(ds, method)(bad)
     assert len(env._graph.nodes) == 2  # nothing half-added
 
@@ -42,7 +43,7 @@ def test_non_callable_to_stateless_operator(method: str, bad: Any) -> None:
 def test_non_callable_to_keyed_operator(method: str) -> None:
     env = ef.StreamEnvironment()
     keyed = env.from_collection([("a", 1)]).key_by(0)
-    with pytest.raises(TypeError, match=rf"operator '{method}-1'.*must be callable"):
+    with pytest.raises(TypeError, match=rf"operator '{method}-[0-9a-f]{{8}}'.*must be callable"):
         getattr(keyed, method)(42)
 
 
@@ -89,14 +90,14 @@ def test_process_with_class_instead_of_instance() -> None:
 
     env = ef.StreamEnvironment()
     keyed = env.from_collection([1]).key_by(lambda x: x)
-    with pytest.raises(TypeError, match=r"operator 'process-1'.*Dedup\(\)"):
+    with pytest.raises(TypeError, match=r"operator 'process-[0-9a-f]{8}'.*Dedup\(\)"):
         keyed.process(Dedup)  # type: ignore[arg-type]
 
 
 def test_process_with_plain_function() -> None:
     env = ef.StreamEnvironment()
     keyed = env.from_collection([1]).key_by(lambda x: x)
-    with pytest.raises(TypeError, match=r"operator 'process-1'.*KeyedProcessFunction"):
+    with pytest.raises(TypeError, match=r"operator 'process-[0-9a-f]{8}'.*KeyedProcessFunction"):
         keyed.process(lambda v, ctx: [v])  # type: ignore[arg-type]
 
 
@@ -120,7 +121,7 @@ def test_name_twice_with_same_label() -> None:
 def test_name_invalid_label(label: Any) -> None:
     env = ef.StreamEnvironment()
     ds = env.from_collection([1]).map(str)
-    with pytest.raises(ValueError, match="operator 'map-1': invalid name"):
+    with pytest.raises(ValueError, match=r"operator 'map-[0-9a-f]{8}': invalid name"):
         ds.name(label)
 
 
@@ -350,14 +351,81 @@ def test_job_result_counts_sum_over_parallel_subtasks() -> None:
     assert result.records_in["out"] == 499
 
 
-def test_operator_name_defaults_are_deterministic() -> None:
-    def build() -> list[str]:
-        env = ef.StreamEnvironment()
-        (env.from_collection([1]).map(str).filter(bool).key_by(lambda s: s).count()
-            .sink_to(ef.ListSink()))
-        return [n.uid for n in env._graph.nodes]
+class _Numbers(ef.Source):
+    """A source of another kind than a collection (only declared, never run)."""
 
-    assert build() == build() == ["source-0", "map-1", "filter-2", "count-3", "sink-4"]
+    def create_reader(self, subtask: int, parallelism: int) -> ef.SourceReader:
+        raise NotImplementedError
+
+
+def _default_uids(*, before: bool = False, branch: bool = False, sink: bool = False,
+                  pipeline: bool = False, loop: bool = False, parallelism: int = 1
+                  ) -> list[str]:
+    """The uids of an unnamed job's operators, in the order they were added,
+    with unrelated operators added (they are left out of the list):
+    ``before``, an independent pipeline declared ahead of the job (of
+    another source: equal sources are told apart by the order they are
+    declared in); ``branch``, a side branch off its source; ``sink``, a
+    second sink of its counts; ``pipeline``, an independent source and
+    pipeline after it. ``loop`` adds a loop closed by a feedback edge (its
+    uids are listed)."""
+    env = ef.StreamEnvironment(parallelism=parallelism)
+    if before:
+        env.from_source(_Numbers()).map(abs).key_by(abs).count().sink_to(ef.ListSink())
+    first = len(env._graph.nodes)
+    src = env.from_collection([1])
+    counts = src.map(str).filter(bool).key_by(lambda s: s).count()
+    counts.sink_to(ef.ListSink())
+    if loop:
+        head = counts.map(lambda r: r[1]).iterate()
+        step = head.map(lambda n: n - 1)
+        head.close_with(step.filter(lambda n: n > 0))
+        step.filter(lambda n: n == 0).sink_to(ef.ListSink())
+    ours = [n.uid for n in env._graph.nodes[first:]]
+    if branch:
+        src.map(repr).sink_to(ef.ListSink())
+    if sink:
+        counts.print()
+    if pipeline:
+        env.from_collection([2]).map(str).key_by(lambda s: s).count().sink_to(ef.ListSink())
+    return ours
+
+
+def test_default_operator_names_are_deterministic_unique_and_stable() -> None:
+    """Unnamed operators get uids derived from their place in the graph
+    (kind, inputs, source or sink, ordinal among equals): the same on every
+    build and at any parallelism, unique, readable, and unchanged when an
+    unrelated operator is added anywhere, so that the job still restores
+    its checkpoints."""
+    uids = _default_uids()
+    assert uids == _default_uids() == _default_uids(parallelism=4)
+    assert len(set(uids)) == len(uids)
+    assert [u.rsplit("-", 1)[0] for u in uids] == ["source", "map", "filter", "count", "sink"]
+    assert all(re.fullmatch(r"[a-z_]+-[0-9a-f]{8}", u) for u in uids), uids
+    for added in ("before", "branch", "sink", "pipeline"):
+        assert _default_uids(**{added: True}) == uids, added
+    with_loop = _default_uids(loop=True)
+    assert with_loop[:len(uids)] == uids
+    assert with_loop == _default_uids(loop=True, branch=True, pipeline=True)
+    assert len(set(with_loop)) == len(with_loop)
+
+
+def test_default_operator_name_follows_its_upstream_chain() -> None:
+    """Another upstream chain or partitioning gives an operator another uid
+    (a restore then refuses its state rather than read it wrongly); naming
+    an operator changes the uids of those added after it downstream only."""
+    def count_uid(ds: ef.DataStream) -> str:
+        return ds.key_by(lambda r: r).count().operator_name
+
+    env = ef.StreamEnvironment()
+    src = env.from_collection([1])
+    direct, mapped = count_uid(src), count_uid(src.map(str))
+    assert direct != mapped
+    assert len({direct, mapped, src.map(str).operator_name,
+                src.rebalance().map(str).operator_name}) == 4
+    env = ef.StreamEnvironment()
+    named = env.from_collection([1]).name("numbers")
+    assert count_uid(named) != direct
 
 
 

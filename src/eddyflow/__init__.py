@@ -18,7 +18,13 @@ from eddyflow.connectors import (
 from eddyflow.connectors.log import Log
 from eddyflow.datastream import DataStream, IterativeStream, KeyedStream
 from eddyflow.environment import StreamEnvironment
-from eddyflow.errors import CheckpointFolderInUse, EddyflowError, JobFailed, RestoreRefused
+from eddyflow.errors import (
+    CheckpointFolderInUse,
+    EddyflowError,
+    IncompatibleCheckpoint,
+    JobFailed,
+    RestoreRefused,
+)
 from eddyflow.functions import KeyedProcessFunction, RuntimeContext
 from eddyflow.keygroups import UnsupportedKeyError
 from eddyflow.restart import FixedDelayRestart, NoRestart, RestartStrategy
@@ -42,6 +48,7 @@ __all__ = [
     "EddyflowError",
     "FileSink",
     "FixedDelayRestart",
+    "IncompatibleCheckpoint",
     "IterativeStream",
     "JobFailed",
     "JobResult",

@@ -56,14 +56,20 @@ class DataStream:
 
     # -- adding operators --------------------------------------------------
 
-    def _next_uid(self, kind: str) -> str:
-        return f"{kind}-{len(self._env._graph.nodes)}"
+    def _reads(self) -> list[tuple[int, Partitioning]]:
+        """What the next operator reads: its inputs' node ids and partitioning."""
+        return [(source, part) for source, part, _ in self._inputs]
 
-    def _add(self, kind: str, payload: Any, *, keyed: bool = False, is_sink: bool = False,
-             parallelism: int | None = None) -> Node:
+    def _next_uid(self, kind: str, detail: str = "") -> str:
+        """The uid the next operator of ``kind`` gets unless it is named (for
+        the messages of checks made before it is added)."""
+        return self._env._graph.generated_uid(kind, self._reads(), detail)[0]
+
+    def _add(self, kind: str, payload: Any, *, detail: str = "", keyed: bool = False,
+             is_sink: bool = False, parallelism: int | None = None) -> Node:
         graph = self._env._graph
-        node = graph.add_node(kind, payload, keyed=keyed, is_sink=is_sink,
-                              parallelism=parallelism)
+        node = graph.add_node(kind, payload, inputs=self._reads(), detail=detail, keyed=keyed,
+                              is_sink=is_sink, parallelism=parallelism)
         for source, part, key_fn in self._inputs:
             graph.add_edge(source, node.id, part, key_fn)
         return node
@@ -202,7 +208,9 @@ class DataStream:
             raise TypeError(
                 f"sink_to after '{self._describe()}' needs an ef.Sink, got {sink!r:.100}"
             )
-        node = self._add("sink", SinkSpec(sink), is_sink=True)
+        # The sink's description (e.g. ``file-sink:counts``) tells sinks of
+        # one stream apart without counting on the order they were added in.
+        node = self._add("sink", SinkSpec(sink), detail=sink.name, is_sink=True)
         return DataStream(self._env, (), node)
 
     def print(self) -> DataStream:

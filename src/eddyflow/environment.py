@@ -175,9 +175,12 @@ class StreamEnvironment:
     def from_source(self, source: Source, *, parallelism: int | None = None) -> DataStream:
         if not isinstance(source, Source):
             raise TypeError(f"from_source needs an ef.Source, got {source!r:.100}")
+        # An unnamed source's uid derives from its description (its type
+        # and file or log name: ``source.name``) and its ordinal among
+        # equal sources, not from how many operators were declared before.
         node = self._graph.add_node(
-            "source", SourceSpec(source), is_source=True, parallelism=parallelism,
-            max_source_parallelism=source.max_parallelism,
+            "source", SourceSpec(source), detail=source.name, is_source=True,
+            parallelism=parallelism, max_source_parallelism=source.max_parallelism,
         )
         return DataStream(self, ((node.id, Partitioning.DEFAULT, None),), node)
 
@@ -241,7 +244,8 @@ class StreamEnvironment:
         return RestoredCheckpoint(at, n, meta)
 
     async def execute_async(self, job_name: str = "eddyflow job",
-                            restore: str | os.PathLike[str] | None = None) -> JobResult:
+                            restore: str | os.PathLike[str] | None = None, *,
+                            allow_non_restored_state: bool = False) -> JobResult:
         """Run the job inside the running event loop; cancelling the awaiting
         task cancels every task of the job.
 
@@ -254,6 +258,11 @@ class StreamEnvironment:
         from is taken back first (``Sink.supersede``), so that nothing is
         written twice. The job holds the checkpoint directory's lock while
         it runs: a second job on the same directory is refused.
+
+        State in the restored checkpoint that no operator of the job matches
+        by uid and kind refuses the restore before anything runs
+        (:class:`ef.IncompatibleCheckpoint`, a ``ValueError``), unless
+        ``allow_non_restored_state`` drops it (with a warning naming it).
         """
         plan = self.plan()
         config = self._runtime_config()
@@ -262,19 +271,21 @@ class StreamEnvironment:
         if lock is not None:
             lock.acquire()
         try:
-            return await self._execute_locked(plan, config, storage, job_name, restore)
+            return await self._execute_locked(plan, config, storage, job_name, restore,
+                                              allow_non_restored_state)
         finally:
             if lock is not None:
                 lock.release()
 
     async def _execute_locked(self, plan: ExecutionPlan, config: RuntimeConfig,
                               storage: CheckpointStorage | None, job_name: str,
-                              restore: str | os.PathLike[str] | None) -> JobResult:
+                              restore: str | os.PathLike[str] | None,
+                              allow_non_restored_state: bool) -> JobResult:
         if storage is not None:
             _report_lost_metadata(storage)
         restored = self._resolve_restore(restore)
         if restored is not None:
-            restored.check_compatible(plan)
+            restored.check_compatible(plan, allow_non_restored_state=allow_non_restored_state)
         # A fresh start draws a new lineage; a restore continues the one of
         # its checkpoint (state/commits.py).
         lineage = (restored.meta.lineage if restored is not None else None) \
@@ -329,8 +340,10 @@ class StreamEnvironment:
             result.restarts = restarts
             return result
 
-    def execute(self, job_name: str = "eddyflow job", restore: str | None = None) -> JobResult:
-        """Run the job to completion (blocking)."""
+    def execute(self, job_name: str = "eddyflow job", restore: str | None = None, *,
+                allow_non_restored_state: bool = False) -> JobResult:
+        """Run the job to completion (blocking); the arguments are those of
+        :meth:`execute_async`."""
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -340,7 +353,8 @@ class StreamEnvironment:
         if not running:
             # (Outside the except block: a job's failure must not arrive
             # chained to "no running event loop".)
-            return asyncio.run(self.execute_async(job_name, restore=restore))
+            return asyncio.run(self.execute_async(
+                job_name, restore=restore, allow_non_restored_state=allow_non_restored_state))
         raise RuntimeError(
             "execute() blocks and cannot run inside a running event loop; "
             "use `await env.execute_async(...)`"

@@ -349,10 +349,11 @@ async def test_collection_from_generator_and_positions() -> None:
 def test_parallel_collection_job_reads_everything_once() -> None:
     env = ef.StreamEnvironment(parallelism=3)
     sink = ef.ListSink()
-    env.from_collection(range(1000)).set_parallelism(3).sink_to(sink)
+    source = env.from_collection(range(1000)).set_parallelism(3)
+    source.sink_to(sink)
     result = env.execute()
     assert sorted(sink.results) == list(range(1000))
-    assert result.records_out["source-0"] == 1000
+    assert result.records_out[source.operator_name] == 1000
 
 
 def test_collection_rejects_strings() -> None:

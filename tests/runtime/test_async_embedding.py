@@ -92,7 +92,7 @@ async def test_execute_async_shares_the_loop_with_other_coroutines() -> None:
     assert len(ticks_at_write) > 2
     assert ticks_at_write[-1] > ticks_at_write[0]
     assert len(sink.results) == 100_000
-    assert result.state("count-1") == {k: 10_000 for k in range(10)}
+    assert result.state(keyed.operator_name) == {k: 10_000 for k in range(10)}
 
 
 async def test_execute_inside_running_loop_raises() -> None:

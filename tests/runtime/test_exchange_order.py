@@ -158,14 +158,15 @@ def test_union_delivers_both_inputs_in_their_order() -> None:
     a = env.from_collection([("a", i) for i in range(500)])
     b = env.from_collection([("b", i) for i in range(300)])
     sink = ef.ListSink()
-    a.union(b).map(lambda r: r).sink_to(sink)
+    mapped = a.union(b).map(lambda r: r)
+    mapped.sink_to(sink)
     result = env.execute()
 
     assert sorted(sink.results) == sorted([("a", i) for i in range(500)]
                                           + [("b", i) for i in range(300)])
     assert [r for r in sink.results if r[0] == "a"] == [("a", i) for i in range(500)]
     assert [r for r in sink.results if r[0] == "b"] == [("b", i) for i in range(300)]
-    assert result.records_in["map-2"] == 800
+    assert result.records_in[mapped.operator_name] == 800
 
 
 def test_union_of_three_streams_then_key_by() -> None:
@@ -202,16 +203,15 @@ def test_rebalance_spreads_over_all_subtasks_exactly_once() -> None:
 def test_broadcast_delivers_each_record_to_every_subtask() -> None:
     env = ef.StreamEnvironment(parallelism=1, batch_size=16)
     sink = TaggingSink()
-    (env.from_collection(range(100)).broadcast()
-        .map(lambda x: x).set_parallelism(3)
-        .sink_to(sink).set_parallelism(3))
+    mapped = env.from_collection(range(100)).broadcast().map(lambda x: x).set_parallelism(3)
+    mapped.sink_to(sink).set_parallelism(3)
     result = env.execute()
 
     parts = sink.by_subtask()
     assert sorted(parts) == [0, 1, 2]
     for recs in parts.values():
         assert recs == list(range(100))
-    assert result.records_in["map-1"] == 300
+    assert result.records_in[mapped.operator_name] == 300
 
 
 def test_broadcast_into_parallelism_one_sink_gets_three_copies() -> None:

@@ -52,7 +52,11 @@ def format_result(result: JobResult) -> str:
 @click.option("--parallelism", "-p", type=click.IntRange(min=1), default=None,
               help="Default parallelism of the job's operators.")
 @click.option("--name", default=None, help="Job name (default: the file's name).")
-def run(job: str, restore: str | None, parallelism: int | None, name: str | None) -> None:
+@click.option("--allow-non-restored-state", is_flag=True,
+              help="Restore even if the checkpoint holds state no operator of the job "
+                   "matches (by name and kind): drop that state, with a warning.")
+def run(job: str, restore: str | None, parallelism: int | None, name: str | None,
+        allow_non_restored_state: bool) -> None:
     """Run JOB.py, a file that defines build(env)."""
     options = {} if parallelism is None else {"parallelism": parallelism}
     try:
@@ -64,7 +68,8 @@ def run(job: str, restore: str | None, parallelism: int | None, name: str | None
         sys.exit(2)
     job_name = name or os.path.splitext(os.path.basename(job))[0]
     try:
-        result = env.execute(job_name, restore=restore)
+        result = env.execute(job_name, restore=restore,
+                             allow_non_restored_state=allow_non_restored_state)
     except JobFailed as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)

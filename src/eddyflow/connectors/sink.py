@@ -42,6 +42,9 @@ class Sink(ABC):
 
     @property
     def name(self) -> str:
+        """A description of the sink (its type, and folder name): an unnamed
+        sink's uid in checkpoints is derived from it, so it must be the same
+        in every run of the job."""
         return type(self).__name__
 
     @abstractmethod

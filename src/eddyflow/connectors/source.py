@@ -88,7 +88,9 @@ class Source(ABC):
 
     @property
     def name(self) -> str:
-        """A default operator name for the source."""
+        """A description of the source (its type, and file or log name): an
+        unnamed source's uid in checkpoints is derived from it, so it must
+        be the same in every run of the job."""
         return type(self).__name__
 
     @abstractmethod

@@ -3,12 +3,26 @@
 A node is one operator at its chosen parallelism; its ``payload`` is whatever
 the runtime needs to instantiate it (user functions, sinks, sources). The
 graph never looks inside a payload, which keeps it free of runtime imports.
+
+A node's ``uid`` is its identity in checkpoints: the name ``.name()`` gives
+it, or else one generated from a stable description of its place in the
+graph (:meth:`LogicalGraph.generated_uid`, as Flink hashes its operator
+ids): its kind, what it reads (the uids of its inputs when it was added,
+with their partitioning), a description of a source or sink, and its
+ordinal among the operators with all of these equal. So adding an
+operator that is not upstream of another (a side branch, a sink, a whole
+new pipeline) leaves that other's uid as it was, and a job restores its
+own checkpoints at any parallelism; a changed upstream chain changes the
+uid, and the restore's strict state matching then refuses what would
+otherwise be restored into the wrong operator.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+import hashlib
+import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +49,9 @@ class Node:
     keyed: bool = False  # owns keyed state: parallelism must not exceed max_parallelism
     max_source_parallelism: int | None = None  # e.g. 1 for a non-parallel source
     named: bool = False  # uid chosen by the user through .name()
+    #: What a generated uid is derived from (``LogicalGraph.generated_uid``);
+    #: kept, whatever the uid is now, to number later operators that share it.
+    signature: str = ""
 
 
 @dataclass
@@ -52,11 +69,43 @@ class LogicalGraph:
     nodes: list[Node] = field(default_factory=list)
     edges: list[Edge] = field(default_factory=list)
 
+    def generated_uid(self, kind: str, inputs: Iterable[tuple[int, Partitioning]] = (),
+                      detail: str = "") -> tuple[str, str]:
+        """The uid an unnamed operator of ``kind`` reading ``inputs`` (node
+        id, partitioning) would get if added now, and the signature it is
+        derived from. ``detail`` describes a source or sink (its ``name``,
+        e.g. ``file:words.txt``), which has no inputs to tell it apart.
+
+        Nothing here depends on the order in which unrelated operators were
+        added, or on parallelism: only on the operator's own description
+        and on how many operators with the same one were added before it.
+        Feedback edges (``close_with``) are added after their head, so they
+        never take part: no uid depends on itself.
+        """
+        reads = sorted([self.nodes[s].uid, p.value] for s, p in inputs)  # union order is moot
+        signature = json.dumps([kind, detail, reads], separators=(",", ":"))
+        ordinal = sum(1 for n in self.nodes if n.signature == signature)
+        digest = hashlib.sha256(f"{signature}#{ordinal}".encode()).hexdigest()
+        taken = {n.uid for n in self.nodes}
+        # 32 bits keep it readable; on the (unlikely) clash with an earlier
+        # operator, the newcomer takes a longer digest, so that the earlier
+        # one keeps its uid.
+        for width in range(8, len(digest) + 1, 4):
+            uid = f"{kind}-{digest[:width]}"
+            if uid not in taken:
+                return uid, signature
+        raise AssertionError("no free uid")  # pragma: no cover - 256 bits are distinct
+
     def add_node(
-        self, kind: str, payload: Any, *, uid: str | None = None, **attrs: Any
+        self, kind: str, payload: Any, *, uid: str | None = None,
+        inputs: Iterable[tuple[int, Partitioning]] = (), detail: str = "", **attrs: Any
     ) -> Node:
-        node_id = len(self.nodes)
-        node = Node(id=node_id, uid=uid or f"{kind}-{node_id}", kind=kind, payload=payload, **attrs)
+        """Add an operator; ``uid`` if given, else one generated from
+        ``kind``, ``inputs`` and ``detail`` (:meth:`generated_uid`). The
+        caller adds the edges of ``inputs``."""
+        generated, signature = self.generated_uid(kind, inputs, detail)
+        node = Node(id=len(self.nodes), uid=uid or generated, kind=kind, payload=payload,
+                    signature=signature, **attrs)
         self.nodes.append(node)
         return node
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eddyflow.connectors.sink import Sink, SinkWriter
+from eddyflow.errors import IncompatibleCheckpoint
 from eddyflow.functions import KeyedProcessFunction, RuntimeContext
 from eddyflow.keygroups import check_key, key_group_range
 from eddyflow.state.abc import (
@@ -320,6 +321,19 @@ class _Keyed(Operator):
     def restore_keyed(self, root: str, kinds: dict[str, str],
                       handles: list[KeyedStateHandle]) -> None:
         assert self.backend is not None
+        # The states ``open`` declared are known only now (a process
+        # function declares its own): a checkpointed state of the same name
+        # but another kind cannot be read as the declared one. Say so, not
+        # "already declared".
+        declared = self.backend.kinds
+        clash = tuple(f"the checkpoint holds its state '{name}' as {kind} state, the job "
+                      f"declares it as {declared[name]} state"
+                      for name, kind in sorted(kinds.items())
+                      if declared.get(name, kind) != kind)
+        if clash:
+            raise IncompatibleCheckpoint(
+                f"cannot restore operator '{self.uid}': " + "; ".join(clash)
+                + " (a state of another kind needs a name of its own)", problems=clash)
         self.backend.restore_from(root, kinds, handles)
 
 

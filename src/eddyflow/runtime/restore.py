@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from eddyflow.backedge.log import read_backedge_log
+from eddyflow.errors import IncompatibleCheckpoint
 from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.state.abc import KeyedStateHandle
 from eddyflow.state.metadata import CheckpointMetadata, OperatorState, SubtaskState
@@ -20,7 +21,39 @@ __all__ = ["RestoredCheckpoint"]
 log = logging.getLogger("eddyflow.checkpoints")
 
 
+def _plural(n: int, what: str, many: str = "") -> str:
+    return f"{n:,} {what if n == 1 else many or what + 's'}"
+
+
+def _held_state(op: OperatorState) -> str:
+    """What state ``op`` recorded, for messages; empty if none."""
+    parts = list(op.subtasks.values())
+    held = []
+    sources = sum(1 for p in parts if p.is_source)
+    if sources:
+        held.append(f"the source positions of {_plural(sources, 'subtask')}")
+    keyed = [p.keyed for p in parts if p.keyed is not None]
+    if keyed:
+        kinds = {name: kind for h in keyed for name, kind in h.kinds.items()}
+        what = "keyed state " + ", ".join(f"'{name}' ({kind})"
+                                          for name, kind in sorted(kinds.items())).rstrip()
+        entries = sum(h.entries for h in keyed)
+        held.append(f"{what} of {_plural(entries, 'entry', 'entries')}" if entries else what)
+    pending = sum(len(p.committables) for p in parts)
+    if pending:
+        held.append(f"{_plural(pending, 'pending transaction')}")
+    logs = [p.backedge for p in parts if p.backedge is not None]
+    if logs:
+        held.append(f"back-edge logs of {_plural(sum(b.records for b in logs), 'record')}")
+    return " and ".join(held)
+
+
 class RestoredCheckpoint:
+    """A completed checkpoint a job starts from: what each of its operators
+    (by uid) recorded, offered to the job's tasks as they start. Built
+    before the job runs, it is checked against the job first
+    (:meth:`check_compatible`)."""
+
     def __init__(
         self, storage: CheckpointStorage, checkpoint_id: int, meta: CheckpointMetadata
     ) -> None:
@@ -40,33 +73,77 @@ class RestoredCheckpoint:
         n, raw = found
         return RestoredCheckpoint(storage, n, CheckpointMetadata.from_json(raw))
 
-    def check_compatible(self, plan: ExecutionPlan) -> None:
-        """Fail before anything runs (and before any restart is spent) if the
-        job cannot resume from this checkpoint; warn about state it drops."""
+    def check_compatible(self, plan: ExecutionPlan, *,
+                         allow_non_restored_state: bool = False) -> None:
+        """Refuse, before anything runs (and before any restart is spent), a
+        restore that would be wrong: raise one :class:`IncompatibleCheckpoint`
+        naming every problem.
+
+        Strict state matching, as Flink does by default: every operator with
+        state in the checkpoint (a source's positions, keyed state, a loop
+        head's back-edge log, a sink's pending transactions) must match an
+        operator of the job by uid and by kind. State nothing matches would
+        be dropped without a word, and whatever depends on it restored
+        against it: a renamed source starts from its beginning again while
+        the counts downstream are restored. With ``allow_non_restored_state``
+        that state is dropped deliberately, with a warning naming it, and
+        this checkpoint no longer offers it to the job (also on restarts).
+        What cannot be restored at all (a source at another parallelism,
+        another ``max_parallelism``) is refused with or without it."""
         nodes = {n.uid: n for n in plan.graph.nodes}
-        problems = []
+        unmatched: dict[str, str] = {}
+        for uid, op in sorted(self.operators.items()):
+            held = _held_state(op)
+            if not held:
+                continue  # a stateless operator: nothing to lose
+            node = nodes.get(uid)
+            if node is None:
+                why = f"'{uid}' ({op.kind}): {held}, but the job has no operator '{uid}'"
+                new = [n.uid for n in plan.graph.nodes
+                       if n.kind == op.kind and n.uid not in self.operators]
+                if new:  # most likely renamed, or its upstream chain changed
+                    why += f" (its {op.kind} operators new to the checkpoint: " + ", ".join(
+                        f"'{u}'" for u in new) + ")"
+                unmatched[uid] = why
+            elif node.kind != op.kind:
+                unmatched[uid] = (f"'{uid}' ({op.kind}): {held}, but in the job '{uid}' is a "
+                                  f"{node.kind} operator")
+        if unmatched and allow_non_restored_state:
+            log.warning("restoring checkpoint %d with allow_non_restored_state: dropping the "
+                        "state of %s", self.checkpoint_id, "; ".join(unmatched.values()))
+            self.operators = {uid: op for uid, op in self.operators.items()
+                              if uid not in unmatched}
+            unmatched = {}
+        others: list[str] = []  # what no flag can restore
         for n in plan.graph.nodes:
-            op = self.operators.get(n.uid)
-            if n.is_source and op is not None and op.parallelism != plan.parallelism[n.id]:
-                problems.append(
-                    f"source '{n.uid}' was checkpointed with parallelism {op.parallelism} "
+            was = self.operators.get(n.uid)
+            if (n.is_source and was is not None and was.kind == n.kind
+                    and was.parallelism != plan.parallelism[n.id]):
+                others.append(
+                    f"source '{n.uid}' was checkpointed with parallelism {was.parallelism} "
                     f"and cannot be restored with parallelism {plan.parallelism[n.id]}"
                 )
         mp = self.meta.max_parallelism
         if mp != plan.max_parallelism:
-            problems.append(
+            others.append(
                 f"the checkpoint was taken with max_parallelism {mp}, the job has "
                 f"{plan.max_parallelism}: key groups would not line up"
             )
-        if problems:
-            raise ValueError(f"cannot restore checkpoint {self.checkpoint_id}: "
-                             + "; ".join(problems))
-        for uid, op in self.operators.items():
-            has_state = any(p.keyed is not None for p in op.subtasks.values())
-            if uid not in nodes and has_state:
-                log.warning("checkpoint %d holds keyed state of operator '%s', which the "
-                            "job no longer has; that state is dropped",
-                            self.checkpoint_id, uid)
+        if not unmatched and not others:
+            return
+        parts = []
+        if unmatched:
+            parts.append("it holds state of operators the job does not match (by name and "
+                         "kind): " + "; ".join(unmatched.values()))
+        parts.extend(others)
+        message = f"cannot restore checkpoint {self.checkpoint_id}: " + "; ".join(parts)
+        if unmatched:
+            message += (". Pass allow_non_restored_state=True (eddyflow run "
+                        "--allow-non-restored-state) to drop that state, or give those "
+                        "operators the names they had (.name())")
+        raise IncompatibleCheckpoint(message, checkpoint_id=self.checkpoint_id,
+                                     unmatched=tuple(unmatched),
+                                     problems=(*unmatched.values(), *others))
 
     def _subtasks(self, uid: str) -> list[SubtaskState]:
         """The old subtasks of ``uid`` in subtask order (none if it is new)."""
