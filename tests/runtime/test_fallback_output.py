@@ -107,7 +107,7 @@ def test_file_sink_crashed_run_broken_latest(tmp_path: Path, how: str,
     env = make_env(chk)
     job(env, ef.FileSink(out))
     with caplog.at_level(logging.WARNING, logger="eddyflow.checkpoints"):
-        run(env, restore="latest")
+        result = run(env, restore="latest")
     assert_exact(committed(out))
     aside = out / "_superseded" / f"chk-{broken}"
     assert any(n.startswith("part-") for n in os.listdir(aside))
@@ -115,6 +115,8 @@ def test_file_sink_crashed_run_broken_latest(tmp_path: Path, how: str,
     assert f"later checkpoint {broken}" in text and str(aside) in text
     if how == "deleted-metadata":
         assert f"checkpoint {broken} had completed" in text
+    # Its id is never used again, even where its folder is gone.
+    assert min(result.completed_checkpoints) > broken
 
 
 @pytest.mark.parametrize("how", ["state-file", "truncated-metadata"])

@@ -35,7 +35,11 @@ from eddyflow.connectors.sink import Sink
 from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.runtime.events import Barrier
 from eddyflow.runtime.faults import fault_point
-from eddyflow.state.commits import CommitRecord, remove_commit_record, write_commit_record
+from eddyflow.state.commits import (
+    CommitRecord,
+    remove_commit_records_before,
+    write_commit_record,
+)
 from eddyflow.state.metadata import (
     CheckpointGraph,
     CheckpointMetadata,
@@ -364,11 +368,12 @@ class CheckpointCoordinator:
         self.retained = keep
         for n in victims:
             await self.storage.discard_async(n)
-            # No restore can go back past a retained checkpoint: nothing
-            # this one committed can need taking back any more.
-            remove_commit_record(self.storage, n)
             if self.registry is not None:
                 self.registry.unregister(n)
+        if victims and keep:
+            # No restore can go back past a retained checkpoint: nothing
+            # committed before it can need taking back any more.
+            remove_commit_records_before(self.storage, keep[0])
         self.sweep_aborted()
         self.collect_shared_garbage()
 

@@ -28,8 +28,8 @@ from eddyflow.runtime.restore import RestoredCheckpoint
 from eddyflow.state.commits import (
     CommitRecord,
     commit_record_path,
+    mark_superseded,
     read_commit_records,
-    remove_commit_record,
 )
 from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage
 
@@ -58,8 +58,8 @@ def _later_records(restored: RestoredCheckpoint | None, lineage: str | None, wha
         # In the restored checkpoint's own folder every later id is later in
         # time (ids only grow there), a later fresh start's output included.
         # Elsewhere only the restored history's own output is later than it.
-        out.extend((storage, r) for r in records
-                   if storage.root == home or (lineage is not None and r.lineage == lineage))
+        out.extend((storage, r) for r in records if not r.superseded and (
+            storage.root == home or (lineage is not None and r.lineage == lineage)))
     out.sort(key=lambda sr: sr[1].checkpoint_id, reverse=True)
     return out
 
@@ -104,7 +104,7 @@ def supersede_later_output(restored: RestoredCheckpoint | None, lineage: str | N
                 "restarting from %s: sink '%s' had committed the output of the later "
                 "checkpoint %d; it is moved aside to %s and will be written again",
                 what, uid, record.checkpoint_id, where)
-        remove_commit_record(storage, record.checkpoint_id)
+        mark_superseded(storage, record)
 
 
 

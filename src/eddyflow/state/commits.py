@@ -12,13 +12,16 @@ So before the sinks commit checkpoint ``n`` the coordinator writes
 *lineage* (an id a fresh start draws and every restore inherits, so that the
 output of an unrelated earlier run in the same folder is never touched) and
 every sink's committables. A record is deleted when its checkpoint is
-subsumed by retention (no restore can go back past a retained checkpoint) or
-when its output has been superseded.
+subsumed by retention (no restore can go back past a retained checkpoint);
+a record whose output has been taken back is kept, marked ``superseded``,
+until then: its id stays used, so that no later checkpoint takes the id of
+one whose output once existed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -27,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from eddyflow.state._writer_main import write_durably
 from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage
 
 __all__ = [
@@ -34,9 +38,10 @@ __all__ = [
     "CommitRecord",
     "commit_record_ids",
     "commit_record_path",
+    "mark_superseded",
     "next_checkpoint_id",
     "read_commit_records",
-    "remove_commit_record",
+    "remove_commit_records_before",
     "write_commit_record",
 ]
 
@@ -52,10 +57,13 @@ class CommitRecord:
     lineage: str
     #: Committables by sink uid, as the writers prepared them.
     sinks: Mapping[str, tuple[Any, ...]]
+    #: Its output was taken back by a restore from an earlier checkpoint.
+    superseded: bool = False
 
     def to_bytes(self) -> bytes:
         body = {"checkpoint_id": self.checkpoint_id, "lineage": self.lineage,
-                "sinks": {uid: list(c) for uid, c in self.sinks.items()}}
+                "sinks": {uid: list(c) for uid, c in self.sinks.items()},
+                "superseded": self.superseded}
         return json.dumps(dict(body, checksum=_checksum(body)), sort_keys=True).encode()
 
     @staticmethod
@@ -66,7 +74,8 @@ class CommitRecord:
             if d.get("checksum") != _checksum(body):
                 raise ValueError("checksum mismatch (truncated or altered)")
             return CommitRecord(int(d["checkpoint_id"]), str(d["lineage"]),
-                                {str(u): tuple(c) for u, c in d["sinks"].items()})
+                                {str(u): tuple(c) for u, c in d["sinks"].items()},
+                                bool(d.get("superseded", False)))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CheckpointCorrupted(f"{path}: unreadable commit record: {exc}") from exc
 
@@ -116,9 +125,20 @@ async def write_commit_record(storage: CheckpointStorage, record: CommitRecord) 
         os.path.join(COMMITS_DIR, f"chk-{record.checkpoint_id}.json"), record.to_bytes())
 
 
-def remove_commit_record(storage: CheckpointStorage, checkpoint_id: int) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(commit_record_path(storage, checkpoint_id))
+def mark_superseded(storage: CheckpointStorage, record: CommitRecord) -> None:
+    """Rewrite ``record`` as taken back (atomically, durably)."""
+    path = commit_record_path(storage, record.checkpoint_id)
+    write_durably(path, [dataclasses.replace(record, superseded=True).to_bytes()],
+                  sync_after=[os.path.dirname(path)])
+
+
+def remove_commit_records_before(storage: CheckpointStorage, checkpoint_id: int) -> None:
+    """Remove the records of checkpoints older than ``checkpoint_id`` (the
+    oldest retained): no restore can go back to before them any more."""
+    for n in commit_record_ids(storage):
+        if n < checkpoint_id:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(commit_record_path(storage, n))
 
 
 def next_checkpoint_id(storage: CheckpointStorage) -> int:
