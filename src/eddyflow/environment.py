@@ -14,7 +14,7 @@ from eddyflow.connectors.log import LogSource
 from eddyflow.connectors.source import Source
 from eddyflow.connectors.textfile import TextFileSource
 from eddyflow.datastream import DataStream
-from eddyflow.errors import JobFailed
+from eddyflow.errors import JobFailed, is_retryable
 from eddyflow.graph.logical import LogicalGraph, Partitioning
 from eddyflow.graph.plan import ExecutionPlan, build_plan
 from eddyflow.keygroups import MAX_PARALLELISM
@@ -242,7 +242,10 @@ class StreamEnvironment:
             except JobFailed as exc:
                 completed = list(runner.coordinator.completed)
                 used_ids = runner.coordinator.next_id
-                if restarts >= strategy.attempts:
+                if restarts >= strategy.attempts or not is_retryable(exc):
+                    # (A failure that a restart cannot get past, such as a
+                    # state value that cannot be pickled, fails the job at
+                    # once: retrying would only fail the same way again.)
                     if restarts:
                         exc.add_note(f"the job was restarted {restarts} times")
                     raise
