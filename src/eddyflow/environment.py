@@ -51,6 +51,12 @@ class StreamEnvironment:
     records, plus at most one batch, before it back-pressures the producer)
     tune the runtime; the defaults favour throughput with a
     latency bound of about 10 ms.
+
+    An environment runs its job once: a second ``execute()`` or
+    ``execute_async()`` raises ``RuntimeError`` (the sinks and sources it
+    declared belong to the first run, and a ``ListSink`` would get the
+    output twice). Build a new environment for another run, with
+    ``restore="latest"`` to resume from the first run's checkpoints.
     """
 
     def __init__(
@@ -84,6 +90,8 @@ class StreamEnvironment:
         self.checkpoint_config: CheckpointConfig | None = None
         self.restart_strategy: RestartStrategy = NoRestart()
         self._graph = LogicalGraph()
+        #: The name of the job this environment ran (see the class docstring).
+        self._executed: str | None = None
 
     # -- configuration -------------------------------------------------------
 
@@ -183,6 +191,18 @@ class StreamEnvironment:
         cfg = self.checkpoint_config
         return CheckpointStorage(cfg.directory) if cfg is not None else None
 
+    def _claim_execution(self, job_name: str) -> None:
+        """Refuse a second run of this environment; mark this one. Called once
+        the run's arguments are checked (an execute refused for a bad
+        ``restore`` ran nothing: it may be called again), before anything
+        is done, and before the first await (two concurrent
+        ``execute_async`` cannot both pass)."""
+        if self._executed is not None:
+            raise RuntimeError(
+                f"this StreamEnvironment already executed job '{self._executed}'; build a "
+                f"new environment to run '{job_name}' (its sinks hold the first run's output)")
+        self._executed = job_name
+
     def _resolve_restore(self, restore: str | os.PathLike[str] | None
                          ) -> RestoredCheckpoint | None:
         if restore is None:
@@ -219,6 +239,9 @@ class StreamEnvironment:
         if restored is not None:
             restored.check_compatible(plan)
         storage = self._storage()
+        # Before the storage is touched: a refused second run must not clean
+        # up the in-flight checkpoint of a first one that is still running.
+        self._claim_execution(job_name)
         if storage is not None:
             storage.ensure()
             removed = storage.clean_incomplete()
