@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["EddyflowError", "JobFailed", "StateSerializationError", "is_retryable", "one_line"]
+__all__ = ["EddyflowError", "JobFailed", "RestoreFailed", "StateSerializationError", "is_retryable",
+           "one_line"]
 
 
 class EddyflowError(Exception):
@@ -27,6 +28,18 @@ class JobFailed(EddyflowError):
         self.operator = operator
         self.subtask = subtask
         self.position = position
+
+
+class RestoreFailed(EddyflowError):
+    """A checkpoint cannot be restored into the job as it stands: a sink
+    cannot recover the transactions the checkpoint recorded (a committed
+    file was removed since, say). ``__cause__`` is the sink's error.
+
+    Raised by ``execute`` before any record is processed, and not retried:
+    the checkpoint and the sink's output disagree until someone looks.
+    """
+
+    retryable = False
 
 
 class StateSerializationError(EddyflowError):

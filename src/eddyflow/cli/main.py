@@ -4,6 +4,8 @@
 reports what each operator did; ``eddyflow checkpoints DIR`` lists the
 completed checkpoints of a checkpoint directory, or shows one; ``eddyflow
 validate DIR --job JOB.py`` checks a checkpoint on Spark (cli/validate.py).
+Errors are one line each, exit 2 for usage and input errors and 1 for a
+failed job; ``--debug`` shows the traceback (cli/errors.py).
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import sys
 from typing import Any
 
 import click
@@ -19,15 +20,16 @@ from rich.console import Console
 from rich.table import Table
 
 from eddyflow.checkpoints import CheckpointInfo, list_checkpoints
+from eddyflow.cli.errors import FAILED, CliError, EddyflowGroup, job_failed_line
 from eddyflow.cli.validate import validate_command
-from eddyflow.errors import JobFailed
+from eddyflow.errors import JobFailed, RestoreFailed
 from eddyflow.jobfile import JobFileError, build_environment
 from eddyflow.result import JobResult
 
 __all__ = ["main"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=EddyflowGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="eddyflow")
 def main() -> None:
     """eddyflow: exactly-once stream processing on asyncio."""
@@ -57,20 +59,17 @@ def run(job: str, restore: str | None, parallelism: int | None, name: str | None
     options = {} if parallelism is None else {"parallelism": parallelism}
     try:
         env, _ = build_environment(job, **options)
-    except JobFileError as exc:
-        raise click.UsageError(str(exc)) from exc
-    except (TypeError, ValueError, OSError) as exc:
-        click.echo(f"error: invalid job {job}: {exc}", err=True)
-        sys.exit(2)
+    except JobFileError as exc:  # missing, syntax or import error, build(env) raised
+        raise CliError(str(exc)) from exc
+    except (TypeError, ValueError) as exc:  # an option the environment refuses
+        raise CliError(f"invalid job {job}: {exc}") from exc
     job_name = name or os.path.splitext(os.path.basename(job))[0]
     try:
         result = env.execute(job_name, restore=restore)
     except JobFailed as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
-    except ValueError as exc:  # a restore that does not fit the job, a bad option
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        raise CliError(job_failed_line(exc), FAILED) from exc
+    except (ValueError, RestoreFailed) as exc:  # a restore that does not fit the job, a bad option
+        raise CliError(f"cannot run job '{job_name}': {exc}") from exc
     click.echo(format_result(result), err=True)
 
 
@@ -109,15 +108,13 @@ def _as_json(info: CheckpointInfo) -> dict[str, Any]:
 def checkpoints(directory: str, as_json: bool, show: int | None) -> None:
     """List the completed checkpoints in DIRECTORY (oldest first)."""
     if not os.path.isdir(directory):
-        raise click.UsageError(f"{directory!r} is not a directory")
+        raise CliError(f"{directory!r} is not a directory")
     infos = list_checkpoints(directory)
     if show is not None:
         match = [i for i in infos if i.id == show]
         if not match:
             known = ", ".join(str(i.id) for i in infos) or "none"
-            click.echo(f"error: no completed checkpoint {show} in {directory} "
-                       f"(completed: {known})", err=True)
-            sys.exit(1)
+            raise CliError(f"no completed checkpoint {show} in {directory} (completed: {known})")
         click.echo(json.dumps(match[0].metadata, indent=2, sort_keys=True))
         return
     if as_json:
@@ -146,4 +143,4 @@ main.add_command(validate_command)
 
 
 if __name__ == "__main__":
-    main()
+    main(prog_name="eddyflow")  # (python -m eddyflow.cli.main: not "main.py" in messages)
