@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from conftest import EXAMPLES, run_with_failures
-from tamper import change_one_drop_one, rewrite_state
+from tamper import change_one_drop_one, garble_state_file, rewrite_state
 
 import eddyflow as ef
 from eddyflow.cli.main import main
@@ -98,3 +98,18 @@ def test_damaged_checkpoint_exits_2_with_its_own_message_before_spark(
     # older one instead.
     assert line.startswith(f"error: checkpoint {final.id} of {in_tmp / 'chk'} cannot be "
                            f"validated: {meta}: unreadable: ")
+
+
+def test_an_executors_error_arrives_as_eddyflows_own_message(
+        spark: Any, in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A state file that verifies but cannot be read (re-signed after the
+    # damage): only an executor finds out. Its CheckpointCorrupted is found
+    # inside Spark's PythonException and reported as itself.
+    final = _small_run(in_tmp, monkeypatch)
+    path = garble_state_file(final.path, "running-sum")
+    result = CliRunner().invoke(main, ["validate", str(in_tmp / "chk"), "--job", JOB])
+    line = _one_error_line(result)
+    assert line.startswith(f"error: checkpoint {final.id} of {in_tmp / 'chk'} is damaged: "
+                           f"{path}: "), line
+    assert "unreadable" in line
+    assert spark.sparkContext._jsc is not None  # the shared session is still up
