@@ -191,17 +191,18 @@ class StreamEnvironment:
         cfg = self.checkpoint_config
         return CheckpointStorage(cfg.directory) if cfg is not None else None
 
-    def _claim_execution(self, job_name: str) -> None:
-        """Refuse a second run of this environment; mark this one. Called once
-        the run's arguments are checked (an execute refused for a bad
-        ``restore`` ran nothing: it may be called again), before anything
-        is done, and before the first await (two concurrent
-        ``execute_async`` cannot both pass)."""
+    def _refuse_second_execution(self, job_name: str) -> None:
+        """Refuse a second run of this environment, before anything is done
+        (a refused run must not touch the checkpoint folder or the sinks of
+        a first one, which may still be running). The run marks the
+        environment as executed once its arguments are checked (an execute
+        refused for a bad ``restore`` ran nothing: it may be called again),
+        with no await in between: two concurrent ``execute_async`` cannot
+        both get through."""
         if self._executed is not None:
             raise RuntimeError(
                 f"this StreamEnvironment already executed job '{self._executed}'; build a "
                 f"new environment to run '{job_name}' (its sinks hold the first run's output)")
-        self._executed = job_name
 
     def _resolve_restore(self, restore: str | os.PathLike[str] | None
                          ) -> RestoredCheckpoint | None:
@@ -234,19 +235,18 @@ class StreamEnvironment:
         from its latest complete checkpoint as the restart strategy allows.
         """
         plan = self.plan()
+        self._refuse_second_execution(job_name)
         config = self._runtime_config()
         restored = self._resolve_restore(restore)
         if restored is not None:
             restored.check_compatible(plan)
         storage = self._storage()
-        # Before the storage is touched: a refused second run must not clean
-        # up the in-flight checkpoint of a first one that is still running.
-        self._claim_execution(job_name)
         if storage is not None:
             storage.ensure()
             removed = storage.clean_incomplete()
             if removed:
                 log.info("removed incomplete checkpoints %s", removed)
+        self._executed = job_name  # (no await since the check: it holds)
         strategy = self.restart_strategy
         restarts = 0
         completed: list[int] = []

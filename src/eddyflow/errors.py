@@ -14,22 +14,6 @@ class EddyflowError(Exception):
     retryable = True
 
 
-class JobFailed(EddyflowError):
-    """A job failed and will not be restarted; ``__cause__`` is the root cause.
-
-    The message is one line: it names the operator, the subtask and the
-    root cause's exception, and, where they are known, the record and the
-    source position it came from.
-    """
-
-    def __init__(self, message: str, *, operator: str | None = None,
-                 subtask: int | None = None, position: str | None = None) -> None:
-        super().__init__(one_line(message))
-        self.operator = operator
-        self.subtask = subtask
-        self.position = position
-
-
 class RestoreFailed(EddyflowError):
     """A checkpoint cannot be restored into the job as it stands: a sink
     cannot recover the transactions the checkpoint recorded (a committed
@@ -109,3 +93,19 @@ def one_line(text: str) -> str:
     if "\n" not in text and "\r" not in text:
         return text
     return " | ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+class JobFailed(EddyflowError):
+    """A job failed and will not be restarted; ``__cause__`` is the root cause.
+
+    The message is one line: it names the operator, the subtask and the
+    root cause's exception, and, where they are known, the record and the
+    source position it came from.
+    """
+
+    def __init__(self, message: str, *, operator: str | None = None,
+                 subtask: int | None = None, position: str | None = None) -> None:
+        super().__init__(one_line(message))
+        self.operator = operator
+        self.subtask = subtask
+        self.position = position
