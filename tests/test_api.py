@@ -203,6 +203,49 @@ def test_job_without_sink_or_source_is_rejected() -> None:
         env.execute()
 
 
+def test_second_execute_of_one_environment_is_refused() -> None:
+    # Its sinks hold the first run's output: a second run into them would
+    # duplicate it (a ListSink would hold every record twice).
+    env = ef.StreamEnvironment()
+    sink = ef.ListSink()
+    env.from_collection([1, 2, 3]).sink_to(sink)
+    env.execute("first")
+    with pytest.raises(RuntimeError, match=r"already executed job 'first'; build a new "
+                                           r"environment .*sinks hold the first run's output"):
+        env.execute("second")
+    assert sink.results == [1, 2, 3]
+
+
+async def test_second_execute_async_is_refused_even_while_the_first_runs(
+        tmp_path: Path) -> None:
+    import asyncio
+
+    env = ef.StreamEnvironment()
+    env.enable_checkpointing(interval=0.01, directory=tmp_path / "chk")
+    sink = ef.ListSink()
+    env.from_collection(range(10)).sink_to(sink)
+    first = asyncio.ensure_future(env.execute_async("first"))
+    await asyncio.sleep(0)  # the first run has started
+    with pytest.raises(RuntimeError, match="already executed job 'first'"):
+        await env.execute_async("again")
+    result = await first
+    assert sink.results == list(range(10))
+    # (Its checkpoints, the final one last, are all there.)
+    assert ef.list_checkpoints(tmp_path / "chk")[-1].id == result.completed_checkpoints[-1]
+
+
+def test_refused_execute_ran_nothing_and_may_be_retried(tmp_path: Path) -> None:
+    # An execute() refused for its arguments (a restore that is no
+    # checkpoint) ran nothing: the environment still runs once.
+    env = ef.StreamEnvironment()
+    sink = ef.ListSink()
+    env.from_collection([1]).sink_to(sink)
+    with pytest.raises(ValueError, match="chk-<n>"):
+        env.execute(restore=str(tmp_path))
+    env.execute()
+    assert sink.results == [1]
+
+
 def test_union_across_environments_rejected() -> None:
     a = ef.StreamEnvironment().from_collection([1])
     b = ef.StreamEnvironment().from_collection([2])

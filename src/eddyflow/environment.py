@@ -15,7 +15,7 @@ from eddyflow.connectors.log import LogSource
 from eddyflow.connectors.source import Source
 from eddyflow.connectors.textfile import TextFileSource
 from eddyflow.datastream import DataStream
-from eddyflow.errors import JobFailed, RestoreRefused
+from eddyflow.errors import JobFailed, RestoreRefused, is_retryable
 from eddyflow.graph.logical import LogicalGraph, Partitioning
 from eddyflow.graph.plan import ExecutionPlan, build_plan
 from eddyflow.keygroups import MAX_PARALLELISM
@@ -88,6 +88,12 @@ class StreamEnvironment:
     records, plus at most one batch, before it back-pressures the producer)
     tune the runtime; the defaults favour throughput with a
     latency bound of about 10 ms.
+
+    An environment runs its job once: a second ``execute()`` or
+    ``execute_async()`` raises ``RuntimeError`` (the sinks and sources it
+    declared belong to the first run, and a ``ListSink`` would get the
+    output twice). Build a new environment for another run, with
+    ``restore="latest"`` to resume from the first run's checkpoints.
     """
 
     def __init__(
@@ -121,6 +127,8 @@ class StreamEnvironment:
         self.checkpoint_config: CheckpointConfig | None = None
         self.restart_strategy: RestartStrategy = NoRestart()
         self._graph = LogicalGraph()
+        #: The name of the job this environment ran (see the class docstring).
+        self._executed: str | None = None
 
     # -- configuration -------------------------------------------------------
 
@@ -223,6 +231,19 @@ class StreamEnvironment:
         cfg = self.checkpoint_config
         return CheckpointStorage(cfg.directory) if cfg is not None else None
 
+    def _refuse_second_execution(self, job_name: str) -> None:
+        """Refuse a second run of this environment, before anything is done
+        (a refused run must not touch the checkpoint folder or the sinks of
+        a first one, which may still be running). The run marks the
+        environment as executed once its arguments are checked (an execute
+        refused for a bad ``restore`` ran nothing: it may be called again),
+        with no await in between: two concurrent ``execute_async`` cannot
+        both get through."""
+        if self._executed is not None:
+            raise RuntimeError(
+                f"this StreamEnvironment already executed job '{self._executed}'; build a "
+                f"new environment to run '{job_name}' (its sinks hold the first run's output)")
+
     def _resolve_restore(self, restore: str | os.PathLike[str] | None
                          ) -> RestoredCheckpoint | None:
         if restore is None:
@@ -265,6 +286,7 @@ class StreamEnvironment:
         ``allow_non_restored_state`` drops it (with a warning naming it).
         """
         plan = self.plan()
+        self._refuse_second_execution(job_name)
         config = self._runtime_config()
         storage = self._storage()
         lock = FolderLock(storage.root, job_name) if storage is not None else None
@@ -301,6 +323,7 @@ class StreamEnvironment:
             removed = storage.clean_incomplete()
             if removed:
                 log.info("removed incomplete checkpoints %s", removed)
+        self._executed = job_name  # (no await since the check: it holds)
         strategy = self.restart_strategy
         restarts = 0
         completed: list[int] = []
@@ -319,7 +342,10 @@ class StreamEnvironment:
             except JobFailed as exc:
                 completed = list(runner.coordinator.completed)
                 used_ids = runner.coordinator.next_id
-                if restarts >= strategy.attempts:
+                if restarts >= strategy.attempts or not is_retryable(exc):
+                    # (A failure that a restart cannot get past, such as a
+                    # state value that cannot be pickled, fails the job at
+                    # once: retrying would only fail the same way again.)
                     if restarts:
                         exc.add_note(f"the job was restarted {restarts} times")
                     raise

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import traceback
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -20,7 +21,13 @@ __all__ = ["JobFileError", "build_environment", "load_job"]
 
 
 class JobFileError(Exception):
-    """The job file is missing or does not define ``build(env)``."""
+    """The job file is missing, cannot be loaded (a syntax error, an
+    exception while its module runs, an import that fails), does not
+    define ``build(env)``, or its ``build(env)`` raised.
+
+    The message is one line that says where and why (``jobs/bad.py:3:
+    invalid syntax``); ``__cause__`` is the original exception.
+    """
 
 
 def load_job(path: str | os.PathLike[str]) -> ModuleType:
@@ -40,6 +47,12 @@ def load_job(path: str | os.PathLike[str]) -> ModuleType:
     try:
         sys.modules[name] = module
         spec.loader.exec_module(module)
+    except SyntaxError as exc:  # (in the job file, or in a module it imports)
+        sys.modules.pop(name, None)
+        raise JobFileError(_syntax_error(exc, path)) from exc
+    except Exception as exc:
+        sys.modules.pop(name, None)
+        raise JobFileError(f"{_where(exc, path)}: {type(exc).__name__}: {exc}") from exc
     finally:
         if added:
             sys.path.remove(folder)
@@ -52,9 +65,38 @@ def load_job(path: str | os.PathLike[str]) -> ModuleType:
 def build_environment(
     path: str | os.PathLike[str], **env_options: Any
 ) -> tuple[StreamEnvironment, ModuleType]:
-    """A new environment with the job of ``path`` declared in it."""
+    """A new environment with the job of ``path`` declared in it.
+
+    :class:`JobFileError` if the file cannot be loaded or its ``build(env)``
+    raises; an error in ``env_options`` raises as ``StreamEnvironment`` does.
+    """
     module = load_job(path)
     env = StreamEnvironment(**env_options)
     build: Callable[[StreamEnvironment], None] = module.build
-    build(env)
+    try:
+        build(env)
+    except Exception as exc:
+        raise JobFileError(f"{_where(exc, os.fspath(path))}: build(env) raised "
+                           f"{type(exc).__name__}: {exc}") from exc
     return env, module
+
+
+def _syntax_error(exc: SyntaxError, path: str) -> str:
+    """``file:line: message`` of a syntax error, named as the user named
+    the job file when it is in that file."""
+    where = exc.filename or path
+    if os.path.abspath(where) == os.path.abspath(path):
+        where = path
+    line = f":{exc.lineno}" if exc.lineno else ""
+    return f"{where}{line}: {exc.msg}"
+
+
+def _where(exc: BaseException, path: str) -> str:
+    """``path:line``: the job file's last line on ``exc``'s way up (the
+    line of the job that raised it, or that called what raised it)."""
+    target = os.path.abspath(path)
+    line = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if os.path.abspath(frame.filename) == target:
+            line = frame.lineno
+    return f"{path}:{line}" if line else path

@@ -388,3 +388,25 @@ def test_backedge_log_corrupted_is_reported(tmp_path: Path) -> None:
     path.unlink()
     with pytest.raises(CheckpointCorrupted):
         read_backedge_log(storage.root, handle)
+
+
+def test_a_record_that_cannot_be_spilled_is_named(tmp_path: Path) -> None:
+    # Spilling pickles a batch: a record that cannot be pickled is named,
+    # with the channel, as a StateSerializationError (no restart retries it).
+    from eddyflow.errors import StateSerializationError
+
+    class Local:
+        pass
+
+    async def go() -> None:
+        ch = FeedbackChannel("tail->head[0->0]", memory_records=1, spill_dir=str(tmp_path))
+        await ch.put(batch(0, 2))  # in memory
+        with pytest.raises(StateSerializationError,
+                           match=r"cannot spill record \(7, <.*Local object .*>\) on back-edge "
+                                 r"channel 'tail->head\[0->0\]' to disk: Can't pickle local "
+                                 r"object") as info:
+            await ch.put(RecordBatch([(6, "ok"), (7, Local())]))
+        assert not info.value.retryable
+        ch.close()
+
+    asyncio.run(go())

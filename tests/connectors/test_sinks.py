@@ -108,16 +108,21 @@ def test_file_sink_separate_runs_do_not_overwrite(tmp_path: Path) -> None:
 
 
 def test_file_sink_second_run_of_same_job_keeps_first_output(tmp_path: Path) -> None:
-    # Running the same job again is a separate fresh run (restore=None): its
-    # output must be committed next to the first run's, not over it, just as
-    # a ListSink keeps both runs' records.
+    # Running the same job again (a new environment: one runs once) is a
+    # separate fresh run (restore=None): its output must be committed next
+    # to the first run's, not over it.
     out = tmp_path / "out"
-    env = ef.StreamEnvironment()
-    items = ["first"]
-    env.from_collection(items).sink_to(ef.FileSink(out))
-    env.execute()
-    items[0] = "second"
-    env.execute()
+
+    def job(items: list[str]) -> ef.StreamEnvironment:
+        env = ef.StreamEnvironment()
+        env.from_collection(items).name("lines").sink_to(ef.FileSink(out)).name("out")
+        return env
+
+    first = job(["first"])
+    first.execute("job")
+    with pytest.raises(RuntimeError, match="already executed job 'job'"):
+        first.execute("job")
+    job(["second"]).execute("job")
     assert sorted(_read_committed(out)) == ["first", "second"]
 
 

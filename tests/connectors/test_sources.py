@@ -394,21 +394,27 @@ async def test_async_iterable_seek_is_not_replayable() -> None:
     await reader.close()
 
 
-async def test_async_iterable_second_run_raises() -> None:
+def _restarting_async_job() -> tuple[ef.StreamEnvironment, ef.ListSink]:
+    # A restart reads the source again: an async iterator it consumed cannot.
+    # (A second execute() of one environment is refused before any source is
+    # read: see tests/test_api.py.)
     env = ef.StreamEnvironment()
+    env.set_restart_strategy(ef.FixedDelayRestart(attempts=1, delay=0))
     sink = ef.ListSink()
-    env.from_async_iterable(_agen(3)).sink_to(sink)
-    await env.execute_async()
-    with pytest.raises(ef.NotReplayableError):
+    env.from_async_iterable(_agen(3)).map(ef.testing.FailingMap(after=2)).sink_to(sink)
+    return env, sink
+
+
+async def test_async_iterable_restart_raises() -> None:
+    env, sink = _restarting_async_job()
+    with pytest.raises(ef.NotReplayableError, match="already consumed"):
         await env.execute_async()
-    assert sink.results == [0, 1, 2]
+    assert sink.results == []
 
 
-def test_async_iterable_second_blocking_run_raises() -> None:
-    env = ef.StreamEnvironment()
-    env.from_async_iterable(_agen(3)).sink_to(ef.ListSink())
-    env.execute()
-    with pytest.raises(ef.NotReplayableError):
+def test_async_iterable_blocking_restart_raises() -> None:
+    env, _ = _restarting_async_job()
+    with pytest.raises(ef.NotReplayableError, match="already consumed"):
         env.execute()
 
 

@@ -63,3 +63,38 @@ def change_one_drop_one(operator_state: str, changed: Any, dropped: Any
             out.append((kg, name, key, value))
         return out
     return change
+
+
+def garble_state_file(chk: str, operator: str) -> str:
+    """Overwrite the frames of ``operator``'s first keyed-state file in
+    checkpoint folder ``chk`` with bytes that do not unpickle, and re-sign
+    the metadata with the file's new size and checksum: the checkpoint
+    *verifies* (on the driver), but an executor cannot read the file.
+    Returns the file's path."""
+    ref = open_checkpoint(chk)
+    meta = CheckpointStorage(ref.root).read_metadata(ref.id)
+    kf = keyed_files(ref, operator)[0]
+    rel = kf.files[0].handle.path
+    path = os.path.join(ref.root, rel)
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    data[8:] = b"\x00" * (len(data) - 8)  # the first frame's length kept, its pickle gone
+    with open(path, "wb") as f:
+        f.write(data)
+    sha = hashlib.sha256(bytes(data)).hexdigest()
+
+    def resign(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("path") == rel:
+                node.update(size=len(data), sha256=sha)
+            for v in node.values():
+                resign(v)
+        elif isinstance(node, list):
+            for v in node:
+                resign(v)
+
+    resign(meta)
+    meta["checksum"] = _checksum_of(meta)
+    with open(os.path.join(ref.path, METADATA), "w") as f:
+        json.dump(meta, f)
+    return path

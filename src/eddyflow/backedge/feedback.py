@@ -16,8 +16,10 @@ import struct
 import tempfile
 from typing import IO, Any
 
+from eddyflow.errors import StateSerializationError
 from eddyflow.runtime.channel import Channel
 from eddyflow.runtime.events import RecordBatch
+from eddyflow.state.serialization import find_unpicklable, reason_of, record_text
 
 __all__ = ["FeedbackChannel"]
 
@@ -56,7 +58,20 @@ class FeedbackChannel(Channel):
         if f is None:
             f = self._disk = tempfile.TemporaryFile(  # noqa: SIM115 - closed in close()
                 dir=self.spill_dir, prefix="eddyflow-feedback-")
-        data = pickle.dumps((item, getattr(item, "span", None)), protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            data = pickle.dumps((item, getattr(item, "span", None)),
+                                protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            # Name the record; a restart would make and spill it again.
+            records = item if type(item) is RecordBatch else [item]
+            found = find_unpicklable((r, r) for r in records)
+            if found is None:
+                raise
+            record, why = found
+            raise StateSerializationError(
+                reason_of(why), verb="spill", where="to disk",
+                subject=f"record {record_text(record)} on back-edge channel '{self.name}'",
+            ) from exc
         f.seek(self._write_at)
         f.write(_LEN.pack(len(data)))
         f.write(data)

@@ -2,8 +2,11 @@
 
 ``eddyflow run JOB.py`` runs a job file's ``build(env)`` to completion and
 reports what each operator did; ``eddyflow checkpoints DIR`` lists the
-completed checkpoints of a checkpoint directory, or shows one; ``eddyflow
-validate DIR --job JOB.py`` checks a checkpoint on Spark (cli/validate.py).
+completed checkpoints of a checkpoint directory (marking those whose files
+do not verify), or shows one; ``eddyflow validate DIR --job JOB.py`` checks
+a checkpoint on Spark (cli/validate.py). Errors are one line each, exit 2
+for usage and input errors and 1 for a failed job; ``--debug`` shows the
+traceback (cli/errors.py).
 """
 
 from __future__ import annotations
@@ -11,23 +14,25 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import sys
 from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from eddyflow.checkpoints import CheckpointInfo, list_checkpoints
+from eddyflow.cli.errors import FAILED, CliError, EddyflowGroup, job_failed_line
 from eddyflow.cli.validate import validate_command
-from eddyflow.errors import JobFailed
+from eddyflow.errors import CheckpointFolderInUse, JobFailed, RestoreFailed
 from eddyflow.jobfile import JobFileError, build_environment
 from eddyflow.result import JobResult
+from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage
 
 __all__ = ["main"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=EddyflowGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="eddyflow")
 def main() -> None:
     """eddyflow: exactly-once stream processing on asyncio."""
@@ -61,21 +66,20 @@ def run(job: str, restore: str | None, parallelism: int | None, name: str | None
     options = {} if parallelism is None else {"parallelism": parallelism}
     try:
         env, _ = build_environment(job, **options)
-    except JobFileError as exc:
-        raise click.UsageError(str(exc)) from exc
-    except (TypeError, ValueError, OSError) as exc:
-        click.echo(f"error: invalid job {job}: {exc}", err=True)
-        sys.exit(2)
+    except JobFileError as exc:  # missing, syntax or import error, build(env) raised
+        raise CliError(str(exc)) from exc
+    except (TypeError, ValueError) as exc:  # an option the environment refuses
+        raise CliError(f"invalid job {job}: {exc}") from exc
     job_name = name or os.path.splitext(os.path.basename(job))[0]
     try:
         result = env.execute(job_name, restore=restore,
                              allow_non_restored_state=allow_non_restored_state)
     except JobFailed as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
-    except ValueError as exc:  # a restore that does not fit the job, a bad option
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        raise CliError(job_failed_line(exc), FAILED) from exc
+    except (ValueError, RestoreFailed, CheckpointFolderInUse) as exc:
+        # A restore refused or that does not fit the job, a bad option, the
+        # checkpoint folder of another live job: input to fix, not a failure.
+        raise CliError(f"cannot run job '{job_name}': {exc}") from exc
     click.echo(format_result(result), err=True)
 
 
@@ -89,6 +93,8 @@ def _size(n: int) -> str:
 
 def _operator_summary(info: CheckpointInfo) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
+    if not info.metadata:
+        return out  # its metadata could not be read
     for uid, op in info.meta.operators.items():
         handles = [part.keyed for part in op.subtasks.values() if part.keyed is not None]
         out[uid] = {"kind": op.kind, "parallelism": op.parallelism,
@@ -102,7 +108,8 @@ def _as_json(info: CheckpointInfo) -> dict[str, Any]:
         "id": info.id, "path": info.path, "completed_at": info.completed_at,
         "duration": info.duration, "alignment_duration": info.alignment_duration,
         "checkpointed_size": info.checkpointed_size, "full_size": info.full_size,
-        "final": info.final, "operators": _operator_summary(info),
+        "final": info.final, "verified": info.verified, "problem": info.problem,
+        "operators": _operator_summary(info),
     }
 
 
@@ -112,19 +119,25 @@ def _as_json(info: CheckpointInfo) -> dict[str, Any]:
 @click.option("--show", type=int, default=None, metavar="N",
               help="Print the metadata of checkpoint N.")
 def checkpoints(directory: str, as_json: bool, show: int | None) -> None:
-    """List the completed checkpoints in DIRECTORY (oldest first)."""
+    """List the completed checkpoints in DIRECTORY (oldest first), checking
+    each one's files against its metadata."""
     if not os.path.isdir(directory):
-        raise click.UsageError(f"{directory!r} is not a directory")
-    infos = list_checkpoints(directory)
+        raise CliError(f"{directory!r} is not a directory")
     if show is not None:
-        match = [i for i in infos if i.id == show]
-        if not match:
-            known = ", ".join(str(i.id) for i in infos) or "none"
-            click.echo(f"error: no completed checkpoint {show} in {directory} "
-                       f"(completed: {known})", err=True)
-            sys.exit(1)
-        click.echo(json.dumps(match[0].metadata, indent=2, sort_keys=True))
+        storage = CheckpointStorage(directory)
+        completed = storage.completed_ids()
+        if show not in completed:
+            known = ", ".join(map(str, completed)) or "none"
+            raise CliError(f"no completed checkpoint {show} in {directory} (completed: {known})")
+        try:
+            meta = storage.read_metadata(show)
+        except CheckpointCorrupted as exc:
+            raise CliError(f"checkpoint {show} in {directory} is damaged: {exc}") from exc
+        click.echo(json.dumps(meta, indent=2, sort_keys=True))
         return
+    # Verified: a checkpoint whose files do not match its metadata, or
+    # whose metadata cannot be read, is listed as such (recovery skips it).
+    infos = list_checkpoints(directory, verify=True)
     if as_json:
         click.echo(json.dumps([_as_json(i) for i in infos], indent=2))
         return
@@ -133,17 +146,25 @@ def checkpoints(directory: str, as_json: bool, show: int | None) -> None:
         console.print(f"no completed checkpoints in {directory}")
         return
     table = Table(title=f"checkpoints in {directory}")
-    for col in ("id", "completed", "duration", "aligning", "written", "full", "keyed state"):
-        table.add_column(col, justify="left" if col in ("completed", "keyed state") else "right")
+    for col in ("id", "completed", "duration", "aligning", "written", "full", "keyed state",
+                "status"):
+        table.add_column(col, justify="left" if col in ("completed", "keyed state", "status")
+                         else "right")
     for i in infos:
         ops = _operator_summary(i)
         state = ", ".join(f"{uid}: {o['state_entries']:,}" for uid, o in ops.items()
                           if o["state_bytes"]) or "-"
         when = datetime.datetime.fromtimestamp(i.completed_at).strftime("%H:%M:%S")
+        # (Text, not markup: a problem names files, whose names may hold "[".)
+        status = Text("ok") if i.verified else Text(f"CORRUPT: {i.problem}", style="red")
+        if not i.metadata:  # nothing but the problem is known
+            table.add_row(str(i.id), when, "-", "-", "-", "-", "-", status)
+            continue
         table.add_row(f"{i.id}{'*' if i.final else ''}", when,
                       f"{i.duration * 1000:.0f} ms", f"{i.alignment_duration * 1000:.1f} ms",
-                      _size(i.checkpointed_size), _size(i.full_size), state)
-    table.caption = "* final checkpoint (end of input); keyed state: entries per operator"
+                      _size(i.checkpointed_size), _size(i.full_size), state, status)
+    table.caption = ("* final checkpoint (end of input); keyed state: entries per operator; "
+                     "CORRUPT: its files do not match its metadata (recovery skips it)")
     console.print(table)
 
 
@@ -151,4 +172,4 @@ main.add_command(validate_command)
 
 
 if __name__ == "__main__":
-    main()
+    main(prog_name="eddyflow")  # (python -m eddyflow.cli.main: not "main.py" in messages)

@@ -3,7 +3,12 @@ checkpoint (issue 5; the work is ``eddyflow.offline.validate``).
 
 Exit codes: 0 when the checkpoint is consistent, 1 when it is not (a table
 of the first mismatches, or the operators that could not be replayed), 2 on
-a usage error (no such directory, checkpoint or job file).
+a usage or input error (no such directory, checkpoint or job file; a job
+file that does not load; a checkpoint that is damaged), each error one line
+(cli/errors.py). The checkpoint's files are verified here, on the driver,
+before Spark starts: a damaged checkpoint is named at once, not found by an
+executor and reported through a hundred lines of Java (an executor's error
+that gets through is unwrapped by ``validate`` all the same).
 """
 
 from __future__ import annotations
@@ -16,8 +21,15 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from eddyflow.cli.errors import CliError, debug_enabled
 from eddyflow.jobfile import JobFileError
-from eddyflow.state.storage import CheckpointCorrupted, checkpoint_dir_name
+from eddyflow.offline.checkpoint import CheckpointRef, open_checkpoint
+from eddyflow.state.storage import (
+    CheckpointCorrupted,
+    CheckpointStorage,
+    checkpoint_dir_name,
+    parse_checkpoint_dir,
+)
 
 __all__ = ["validate_command"]
 
@@ -36,7 +48,7 @@ def validate_command(directory: str, job: str, checkpoint_id: int | None, master
                      show_rows: int) -> None:
     """Replay JOB's input up to a checkpoint in DIRECTORY on Spark and check
     that the checkpoint's keyed state is exactly what that input gives."""
-    from eddyflow.offline import open_checkpoint, spark_session, validate
+    from eddyflow.offline import spark_session, validate
     from eddyflow.offline.replay import ReplayError
 
     # Messages are one line each whatever the terminal's width (or the
@@ -44,25 +56,33 @@ def validate_command(directory: str, job: str, checkpoint_id: int | None, master
     # columns when the output is not a terminal. Tables still fit the width.
     console = Console(stderr=True, soft_wrap=True)
     if not os.path.isdir(directory):
-        raise click.UsageError(f"{directory!r} is not a directory")
+        raise CliError(f"{directory!r} is not a directory")
     if not os.path.isfile(job):
-        raise click.UsageError(f"job file {job!r} does not exist")
-    try:
-        ref = open_checkpoint(directory, checkpoint_id)
-    except (FileNotFoundError, CheckpointCorrupted) as exc:
-        raise click.UsageError(str(exc)) from exc
+        raise CliError(f"job file {job!r} does not exist")
+    ref = _verified_checkpoint(directory, checkpoint_id)
     started = time.perf_counter()
     from pyspark.sql import SparkSession
 
     ours = SparkSession.getActiveSession() is None  # else embedded: leave it running
     spark = spark_session(master, app_name=f"eddyflow validate {checkpoint_dir_name(ref.id)}")
+    if ours and not debug_enabled():
+        # An executor's failure is reported by us, in one line; Spark would
+        # log it first, with its Java stack, at level ERROR.
+        spark.sparkContext.setLogLevel("FATAL")
+    validated = False
     try:
         report = validate(spark, ref, job=job)
+        validated = True
     except JobFileError as exc:
-        raise click.UsageError(str(exc)) from exc
-    except (ReplayError, CheckpointCorrupted) as exc:
+        raise CliError(str(exc)) from exc
+    except CheckpointCorrupted as exc:  # found by an executor (changed since verified?)
+        raise CliError(f"checkpoint {ref.id} of {directory} is damaged: {exc}") from exc
+    except ReplayError as exc:
         console.print(f"[red]checkpoint {ref.id} cannot be validated:[/red] {exc}")
         sys.exit(1)
+    finally:
+        if ours and not validated:
+            spark.stop()
     took = time.perf_counter() - started
     replayed = sum(report.records_replayed.values())
     console.print(f"checkpoint {report.checkpoint_id} ({report.checkpoint}): "
@@ -85,3 +105,25 @@ def validate_command(directory: str, job: str, checkpoint_id: int | None, master
     if ours:
         spark.stop()
     sys.exit(0 if report.ok else 1)
+
+
+def _verified_checkpoint(directory: str, checkpoint_id: int | None) -> CheckpointRef:
+    """The checkpoint to validate, every file of it checked against its
+    metadata (size and SHA-256). Without ``--checkpoint``: the latest
+    completed one, damaged or not (validating an older one instead would
+    hide the damage)."""
+    try:
+        if checkpoint_id is None and parse_checkpoint_dir(directory) is None:
+            ids = CheckpointStorage(directory).completed_ids()
+            if not ids:
+                raise CliError(f"{directory!r} holds no completed checkpoint")
+            checkpoint_id = ids[-1]
+        ref = open_checkpoint(directory, checkpoint_id)
+        storage = CheckpointStorage(ref.root)
+        for handle in ref.meta.files:
+            storage.verify_file(handle)
+    except (FileNotFoundError, CheckpointCorrupted) as exc:
+        which = f"checkpoint {checkpoint_id} of {directory}" if checkpoint_id is not None \
+            else directory
+        raise CliError(f"{which} cannot be validated: {exc}") from exc
+    return ref

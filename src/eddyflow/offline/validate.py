@@ -31,6 +31,7 @@ from typing import Any
 from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.jobfile import build_environment
 from eddyflow.offline.checkpoint import CheckpointRef, open_checkpoint
+from eddyflow.offline.errors import spark_errors
 from eddyflow.offline.evaluate import KEYED_SPECS, evaluate
 from eddyflow.offline.readers import as_text, backedge_rdd, state_rdd
 from eddyflow.offline.replay import replay_split
@@ -132,7 +133,19 @@ def validate(spark: Any, chk: str | os.PathLike[str] | CheckpointRef, *,
              partitions: int | None = None) -> ValidationReport:
     """Validate checkpoint ``chk`` (a ``chk-<n>`` folder, or a checkpoint
     directory with ``checkpoint`` or the latest) against the job file
-    ``job``. See the module docstring for what is compared."""
+    ``job``. See the module docstring for what is compared.
+
+    A Spark task that fails raises the error it raised on its executor
+    (``CheckpointCorrupted`` for a state file that does not verify,
+    ``ReplayError``; another as ``SparkTaskFailed``), not Spark's wrapper of
+    it (see ``offline/errors.py``)."""
+    with spark_errors():
+        return _validate(spark, chk, job=job, checkpoint=checkpoint, partitions=partitions)
+
+
+def _validate(spark: Any, chk: str | os.PathLike[str] | CheckpointRef, *,
+              job: str | os.PathLike[str], checkpoint: int | None,
+              partitions: int | None) -> ValidationReport:
     from pyspark.sql import types as T
 
     ref = chk if isinstance(chk, CheckpointRef) else open_checkpoint(chk, checkpoint)

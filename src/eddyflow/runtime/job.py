@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 
 from eddyflow.backedge.feedback import FeedbackChannel
-from eddyflow.errors import JobFailed
+from eddyflow.errors import JobFailed, RestoreFailed
 from eddyflow.graph.logical import Partitioning
 from eddyflow.graph.plan import ExchangeSpec, ExecutionPlan
 from eddyflow.result import JobResult, merge_state
@@ -199,9 +199,17 @@ class JobRunner:
     def _recover_sinks(self) -> None:
         """Commit what the restored checkpoint recorded (again: commits are
         idempotent) and discard every other pending transaction."""
+        restored = self.restore
         for uid, sink in self.sinks.items():
-            committed = self.restore.committables(uid) if self.restore is not None else []
-            sink.recover(committed)
+            committed = restored.committables(uid) if restored is not None else []
+            try:
+                sink.recover(committed)
+            except Exception as exc:
+                if restored is None:
+                    raise
+                folder = restored.storage.checkpoint_dir(restored.checkpoint_id)
+                raise RestoreFailed(f"cannot restore sink '{uid}' from {folder}: "
+                                    f"{type(exc).__name__}: {exc}") from exc
 
     async def _reinject_backedge_logs(self) -> None:
         """Restore (DESIGN.md §3, step 4): the records logged on the back-edges

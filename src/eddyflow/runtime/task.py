@@ -35,6 +35,7 @@ import anyio
 
 from eddyflow.backedge.log import BackEdgeRecords, write_backedge_log
 from eddyflow.connectors.source import SourceReader
+from eddyflow.errors import StateSerializationError
 from eddyflow.keygroups import key_group_range
 from eddyflow.runtime.channel import InputGate
 from eddyflow.runtime.coordinator import TaskSnapshot
@@ -44,6 +45,7 @@ from eddyflow.runtime.loops import LoopTracker
 from eddyflow.runtime.operators import Operator, OperatorSnapshot
 from eddyflow.runtime.writers import KeyRoutingError, RecordWriter
 from eddyflow.state.abc import SnapshotTarget
+from eddyflow.state.serialization import find_unpicklable, reason_of, record_text
 from eddyflow.state.storage import FileHandle, checkpoint_dir_name
 
 if TYPE_CHECKING:
@@ -84,13 +86,23 @@ class _BackEdgeLog:
     waiting: set[int]  # back-edge channels whose barrier has not come back
     records: dict[int, list[bytes]]  # per channel, the batches logged, pickled
     write: Callable[[BackEdgeRecords], Awaitable[None]]
+    head: str = ""  # the loop head operator's uid, for errors
     count: int = 0
 
     def log(self, channel: int, batch: list[Any]) -> None:
         """Log ``batch`` as it is now: the loop body may change its records
         in place once the head has passed them on (serialised at capture)."""
-        self.records[channel].append(
-            pickle.dumps(list(batch), protocol=pickle.HIGHEST_PROTOCOL))
+        try:
+            data = pickle.dumps(list(batch), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            found = find_unpicklable((r, r) for r in batch)
+            if found is None:
+                raise
+            record, why = found
+            raise StateSerializationError(
+                reason_of(why), subject=f"back-edge record {record_text(record)}",
+                operator=self.head, checkpoint=self.checkpoint_id) from exc
+        self.records[channel].append(data)
         self.count += len(batch)
 
 
@@ -262,6 +274,13 @@ class Task:
         where = self._where(input_index, self._current_span)
         what = f"key selector of '{op.uid}'" if op.key_failed else f"operator '{op.uid}'"
         return TaskFailure(self._describe(what, exc, record, where), op.uid, self.subtask, where)
+
+    def _serialization_failure(self, exc: StateSerializationError) -> TaskFailure:
+        """A value of ``exc.operator`` that cannot be pickled, as a failure of
+        that operator in this subtask."""
+        uid = exc.operator or (self.operators[0].uid if self.operators else self.name)
+        return TaskFailure(self._describe(f"operator '{uid}'", exc, _NO_RECORD, None),
+                           uid, self.subtask, None)
 
     def _routing_failure(self, exc: KeyRoutingError, w: RecordWriter,
                          stages_in: list[Any]) -> TaskFailure:
@@ -497,7 +516,10 @@ class Task:
             if kind is RecordBatch:
                 backlog = self._backlog
                 if backlog is not None and i in backlog.waiting:
-                    backlog.log(i, item)
+                    try:
+                        backlog.log(i, item)
+                    except StateSerializationError as exc:
+                        raise self._serialization_failure(exc) from exc
                 self._current_span = item.span
                 await self._process_input(item, item.span)
                 tracker = self.input_loops[i]
@@ -697,7 +719,7 @@ class Task:
             # once the barrier has come back on every back-edge, with the
             # records logged meanwhile.
             self._backlog = _BackEdgeLog(n, set(back_edges), {i: [] for i in back_edges},
-                                         write)
+                                         write, head=self.operators[0].uid)
             for w in self.writers:
                 await w.emit_event(barrier)
         elif coordinator.synchronous or self.spawn is None:
@@ -740,7 +762,17 @@ class Task:
         target = None if storage is None else SnapshotTarget(
             storage, n, coordinator.run_id, self.subtask,
             at_end=coordinator.all_finished)
-        snaps = {op.uid: op.snapshot(n, target) for op in self.operators}
+        snaps: dict[str, OperatorSnapshot | None] = {}
+        for op in self.operators:
+            try:
+                snaps[op.uid] = op.snapshot(n, target)
+            except Exception as exc:
+                # Name the operator and subtask whose snapshot failed (a
+                # value that cannot be pickled, mostly); the half-taken
+                # snapshots of the operators before it are given up.
+                self._cancel_snapshots(snaps)
+                raise TaskFailure(self._describe(f"operator '{op.uid}'", exc, _NO_RECORD, None),
+                                  op.uid, self.subtask, None) from exc
         # Until written: an abort stops their work (a forked child, say).
         self._snapshots[n] = snaps
         return snaps
@@ -756,6 +788,9 @@ class Task:
             if coordinator is not None and coordinator.is_aborted(n):
                 return  # the abort removed the folder under our write: nothing lost
             raise
+        except StateSerializationError as exc:  # a forked snapshot's, or the checkpoint thread's
+            self._cancel_snapshots(snaps)
+            raise self._serialization_failure(exc) from exc
         except BaseException:
             self._cancel_snapshots(snaps)
             raise

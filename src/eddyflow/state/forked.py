@@ -33,6 +33,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from eddyflow.errors import EddyflowError
+
 __all__ = ["ENABLED", "ChildWork", "start"]
 
 #: ``EDDYFLOW_SNAPSHOT_FORK=0`` runs snapshot work inline (no child process).
@@ -54,17 +56,20 @@ class ChildWork:
     """``fn()`` running in a forked child (or done already, inline)."""
 
     def __init__(self, pid: int | None, fd: int | None, result: Any = None,
-                 error: str | None = None) -> None:
+                 error: str | None = None, exception: EddyflowError | None = None) -> None:
         self._pid = pid
         self._fd = fd
         self._result = result
         self._error = error
+        self._exception = exception
         self._reading = False
         self._exited = False
 
     async def result(self) -> Any:
         """``fn``'s return value; ``OSError`` if it raised (its message says
-        what) or the child died."""
+        what) or the child died; the exception itself if it was one of
+        eddyflow's own (a :class:`~eddyflow.errors.StateSerializationError`
+        must reach the restart loop as what it is: not worth a retry)."""
         if self._fd is not None:
             self._reading = True
             try:
@@ -78,8 +83,12 @@ class ChildWork:
                 status, value = "error", "the snapshot process died without an answer"
             if status == "ok":
                 self._result = value
+            elif status == "raise" and isinstance(value, EddyflowError):
+                self._exception = value
             else:
                 self._error = str(value)
+        if self._exception is not None:
+            raise self._exception
         if self._error is not None:
             raise OSError(self._error)
         return self._result
@@ -145,6 +154,8 @@ def start(fn: Callable[[], Any]) -> ChildWork:
     if not ENABLED:
         try:
             return ChildWork(None, None, result=fn())
+        except EddyflowError as exc:
+            return ChildWork(None, None, exception=exc)
         except Exception as exc:
             return ChildWork(None, None, error=f"{type(exc).__name__}: {exc}")
     read_fd, write_fd = os.pipe()
@@ -167,7 +178,7 @@ def start(fn: Callable[[], Any]) -> ChildWork:
             try:
                 answer = pickle.dumps(("ok", fn()), protocol=pickle.HIGHEST_PROTOCOL)
             except BaseException as exc:  # reported to the parent
-                answer = pickle.dumps(("error", f"{type(exc).__name__}: {exc}"))
+                answer = _error_answer(exc)
             view = memoryview(answer)
             while view:
                 view = view[os.write(write_fd, view):]
@@ -176,6 +187,15 @@ def start(fn: Callable[[], Any]) -> ChildWork:
     os.close(write_fd)
     os.set_blocking(read_fd, False)
     return ChildWork(pid, read_fd)
+
+
+def _error_answer(exc: BaseException) -> bytes:
+    """The child's report of ``exc``: eddyflow's own errors as themselves
+    (pickled: their type decides what the parent does), others as text."""
+    if isinstance(exc, EddyflowError):
+        with contextlib.suppress(Exception):  # else reported as text, below
+            return pickle.dumps(("raise", exc), protocol=pickle.HIGHEST_PROTOCOL)
+    return pickle.dumps(("error", f"{type(exc).__name__}: {exc}"))
 
 
 async def _read_all(fd: int) -> bytes:

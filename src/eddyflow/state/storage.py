@@ -257,6 +257,9 @@ class CheckpointStorage:
             with open(path, "rb") as f:
                 meta = json.loads(f.read())
         except FileNotFoundError:
+            folder = self.checkpoint_dir(checkpoint_id)
+            if not os.path.isdir(folder):
+                raise CheckpointCorrupted(f"{folder}: no such checkpoint") from None
             raise CheckpointCorrupted(f"{path}: missing (the checkpoint never completed)") from None
         except (OSError, ValueError) as exc:
             raise CheckpointCorrupted(f"{path}: unreadable: {exc}") from exc

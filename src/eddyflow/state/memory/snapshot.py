@@ -45,6 +45,7 @@ from eddyflow.state.abc import (
     written_keys,
 )
 from eddyflow.state.format import encode_chunks
+from eddyflow.state.serialization import state_error
 from eddyflow.state.storage import FileHandle
 from eddyflow.values import SCALARS
 
@@ -141,11 +142,13 @@ class MemorySnapshotStrategy:
             # Small, or nothing else runs: serialised here, at the barrier (a
             # fork would cost more, and its child would not run beside any
             # processing), and written by the job's writer process.
-            encoded = _encode(dict(tables), key_sets, full, mp)
+            encoded = _encode(dict(tables), key_sets, full, mp, backend.operator,
+                              target.checkpoint_id)
             return _Snapshot(self, target, kinds, entries, None, None if full else base, full,
                              (rel, encoded))
         work = forked.start(functools.partial(
-            _write_file, os.path.join(target.root, rel), rel, dict(tables), key_sets, full, mp))
+            _write_file, os.path.join(target.root, rel), rel, dict(tables), key_sets, full, mp,
+            backend.operator, target.checkpoint_id))
         return _Snapshot(self, target, kinds, entries, work, None if full else base, full)
 
     def record(self, checkpoint_id: int, chain: _Chain) -> None:
@@ -222,10 +225,10 @@ _Written = tuple[str, int, str, dict[str, tuple[int, int]]]
 
 def _write_file(path: str, rel: str, tables: dict[str, dict[Any, Any]],
                 key_sets: list[dict[str, Written]], full: bool,
-                max_parallelism: int) -> _Written | None:
+                max_parallelism: int, operator: str, checkpoint: int) -> _Written | None:
     """The forked child's work: encode (see :func:`_encode`) and write the
     file durably. ``None`` when there is nothing to write."""
-    encoded = _encode(tables, key_sets, full, max_parallelism)
+    encoded = _encode(tables, key_sets, full, max_parallelism, operator, checkpoint)
     if encoded is None:
         return None
     chunks, index = encoded
@@ -234,11 +237,14 @@ def _write_file(path: str, rel: str, tables: dict[str, dict[Any, Any]],
 
 
 def _encode(tables: dict[str, dict[Any, Any]], key_sets: list[dict[str, Written]],
-            full: bool, max_parallelism: int) -> _Encoded | None:
+            full: bool, max_parallelism: int, operator: str, checkpoint: int
+            ) -> _Encoded | None:
     """A snapshot's frames (ungrouped: see ``state/format.py``): every entry
     of ``tables`` (``full``), or the entries of the keys in ``key_sets``
     (written: their value; gone: deleted). ``None`` when there is nothing
-    to write."""
+    to write. A value that cannot be pickled raises a
+    :class:`~eddyflow.errors.StateSerializationError` naming ``operator``,
+    its state and key, and ``checkpoint``."""
     columns: list[tuple[str, list[Any], list[Any], list[Any]]] = []
     whole: list[tuple[str, dict[Any, Any]]] = []
     for name, table in tables.items():
@@ -276,19 +282,22 @@ def _encode(tables: dict[str, dict[Any, Any]], key_sets: list[dict[str, Written]
     try:
         return encode_chunks(columns, whole)
     except Exception as exc:
-        raise _unpicklable(exc, columns) from exc
+        raise _unpicklable(exc, columns, whole, operator, checkpoint) from exc
 
 
-def _unpicklable(exc: Exception, columns: list[tuple[str, list[Any], list[Any], list[Any]]]
-                 ) -> Exception:
-    """Name the state and key whose value cannot be written."""
-    import pickle
-
+def _unpicklable(exc: Exception, columns: list[tuple[str, list[Any], list[Any], list[Any]]],
+                 whole: list[tuple[str, dict[Any, Any]]], operator: str, checkpoint: int
+                 ) -> BaseException:
+    """Name the operator, state and key whose value cannot be written (or
+    ``exc`` itself if every value pickles on its own)."""
     for name, keys, values, _ in columns:
-        for k, v in zip(keys, values, strict=True):
-            try:
-                pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL)
-            except Exception as inner:
-                return TypeError(f"state '{name}' of key {k!r:.100}: value {v!r:.100} "
-                                 f"cannot be written to a checkpoint: {inner}")
+        error = state_error(exc, zip(keys, values, strict=True), operator=operator,
+                            state=name, checkpoint=checkpoint)
+        if error is not exc:
+            return error
+    for name, table in whole:
+        error = state_error(exc, table.items(), operator=operator, state=name,
+                            checkpoint=checkpoint)
+        if error is not exc:
+            return error
     return exc

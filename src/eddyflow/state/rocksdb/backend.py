@@ -32,6 +32,7 @@ from typing import Any
 
 import anyio
 
+from eddyflow.errors import StateSerializationError
 from eddyflow.state import forked
 from eddyflow.state.abc import (
     Changes,
@@ -61,6 +62,7 @@ from eddyflow.state.rocksdb.tables import (
     put_rows,
     rows_of,
 )
+from eddyflow.state.serialization import raise_state_error, state_error
 from eddyflow.values import SCALARS
 
 __all__ = ["PickleSerializer", "RocksDBKeyedStateBackend", "RocksDBStateBackend"]
@@ -172,9 +174,12 @@ def _remove_stale(root: str) -> None:
 class _Store:
     """The rows of one database (see ``tables.RowStore``)."""
 
-    def __init__(self, instance: _Instance, serializer: Serializer) -> None:
+    def __init__(self, instance: _Instance, serializer: Serializer, operator: str) -> None:
         self.instance = instance
         self.serializer = serializer
+        self.operator = operator
+        #: See ``tables.RowStore.unwritable``.
+        self.unwritable = False
         #: Snapshots whose RocksDB checkpoint is not taken yet.
         self.inflight: list[_Flush] = []
         #: Orders writes against a checkpoint taken in a worker thread.
@@ -239,9 +244,11 @@ class _Flush:
 
 
 def _write_sst(path: str, parts: list[tuple[ValueTable, StatePrefix, Written]],
-               dumps: Callable[[Any], bytes]) -> bool:
+               dumps: Callable[[Any], bytes], operator: str, checkpoint: int) -> bool:
     """In the forked child: the rows of the keys written, in order, as an SST
-    file (``False``: there were none)."""
+    file (``False``: there were none). A value that cannot be serialized
+    raises a :class:`~eddyflow.errors.StateSerializationError` naming
+    ``operator``, its state and key, and ``checkpoint``."""
     from rocksdict import Options, SstFileWriter
 
     rows: list[tuple[bytes, Any]] = []
@@ -254,24 +261,48 @@ def _write_sst(path: str, parts: list[tuple[ValueTable, StatePrefix, Written]],
     writer = SstFileWriter(Options(raw_mode=True))
     partial = path + ".partial"
     writer.open(partial)
-    for row, value in rows:
-        if value is MISSING:
-            del writer[row]
-        else:
-            writer[row] = dumps(value)
+    try:
+        for row, value in rows:
+            if value is MISSING:
+                del writer[row]
+            else:
+                writer[row] = dumps(value)
+    except Exception as exc:
+        for table, _, written in parts:
+            _check_values(exc, table, written, dumps, operator, checkpoint)
+        raise
     writer.finish()
     os.replace(partial, path)  # its name says it is whole
     return True
 
 
-def _capture(table: ValueTable, written: Written, dumps: Callable[[Any], bytes]
-             ) -> tuple[list[Any], list[Any]]:
+def _check_values(exc: Exception, table: ValueTable, written: Written,
+                  dumps: Callable[[Any], bytes], operator: str, checkpoint: int) -> None:
+    """After ``exc``: raise the error naming the key of ``table`` whose
+    value cannot be serialized, if it holds one."""
+    keys = list(written_keys(written))
+    values = map(table.get, keys, itertools.repeat(MISSING))
+    items = [(k, v) for k, v in zip(keys, values, strict=True) if v is not MISSING]
+    error = state_error(exc, items, operator=operator, state=table.rows.name,
+                        checkpoint=checkpoint, dumps=dumps)
+    if error is not exc:
+        raise error from exc
+
+
+def _capture(table: ValueTable, written: Written, dumps: Callable[[Any], bytes],
+             operator: str, checkpoint: int) -> tuple[list[Any], list[Any]]:
     """The keys in ``written`` and their values as they are now."""
     listed = list(written_keys(written))
     values = list(map(table.get, listed, itertools.repeat(MISSING)))
     if not set(map(type, values)) <= _IMMUTABLE:
-        values = [v if type(v) in SCALARS or v is MISSING else Pickled(dumps(v))
-                  for v in values]
+        try:
+            values = [v if type(v) in SCALARS or v is MISSING else Pickled(dumps(v))
+                      for v in values]
+        except Exception as exc:
+            raise_state_error(exc, ((k, v) for k, v in zip(listed, values, strict=True)
+                                    if v is not MISSING),
+                              operator=operator, state=table.rows.name,
+                              checkpoint=checkpoint, dumps=dumps)
     return listed, values
 
 
@@ -304,7 +335,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self.subtask = subtask
         self._instance = _Instance(factory.path, f"{operator}-{subtask}-{uuid.uuid4().hex[:8]}")
         self._instance.open(factory.db_options)
-        self._store = _Store(self._instance, factory.serializer)
+        self._store = _Store(self._instance, factory.serializer, operator)
         self._strategy = RocksSnapshotStrategy(self, factory.incremental)
         #: The database holds nothing the caches do not (a fresh start).
         self._fresh = True
@@ -380,7 +411,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
     def snapshot(self, target: SnapshotTarget) -> KeyedSnapshot:
         self._check_open()
-        return self._strategy.snapshot(target)
+        try:
+            return self._strategy.snapshot(target)
+        except StateSerializationError:
+            self._store.unwritable = True
+            raise
 
     def begin_snapshot(self, checkpoint_id: int, at_end: bool) -> _Flush:
         """The synchronous half: the changes since the last snapshot are
@@ -401,7 +436,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         batch = new_batch()
         for t in self._rtables.values():
             if not isinstance(t, ValueTable):
-                t.flush_into(batch)
+                try:
+                    t.flush_into(batch)
+                except StateSerializationError as exc:
+                    exc.verb, exc.checkpoint = "snapshot", checkpoint_id  # part of this one
+                    raise
         written = [(t, t.changes.take()) for t in self._loaders]
         size = sum(len(w[0]) + sum(map(len, w[1])) for _, w in written)
         folder = self._instance.folder
@@ -417,14 +456,16 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             # barrier must not reach the checkpoint); their rows are made and
             # written by the worker thread that takes the checkpoint
             # (measured: 10k rows cost 40-100 ms of the barrier).
-            deferred = [(t, *_capture(t, w, dumps)) for t, w in written]
+            deferred = [(t, *_capture(t, w, dumps, self.operator, checkpoint_id))
+                        for t, w in written]
         elif not forked.ENABLED or at_end:
             # Many, and nothing runs beside (or no fork): a sorted SST file
             # written here and ingested costs a third of a WriteBatch's
             # memtable inserts (measured: 1.3 s of 4.9 for 464k keys).
-            inline_sst = _write_sst(sst, parts, dumps)
+            inline_sst = _write_sst(sst, parts, dumps, self.operator, checkpoint_id)
         else:
-            work = forked.start(functools.partial(_write_sst, sst, parts, dumps))
+            work = forked.start(functools.partial(_write_sst, sst, parts, dumps,
+                                                  self.operator, checkpoint_id))
         self._store.write(batch)
         flush = _Flush(checkpoint_id, os.path.join(folder, f"chk-{checkpoint_id}"), work, sst,
                        written)
@@ -456,7 +497,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         if flush.work is not None:
             try:
                 ingest = bool(await flush.work.result())
-            except BaseException:
+            except BaseException as exc:
+                if isinstance(exc, StateSerializationError):
+                    self._store.unwritable = True
                 self.abandon(flush)
                 raise
         await anyio.to_thread.run_sync(self._checkpoint, flush, ingest)
@@ -612,7 +655,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         if self._closed:
             return
         try:
-            self._flush_unless_busy()
+            if not self._store.unwritable:
+                self._flush_unless_busy()
         finally:
             super().close()
             # A snapshot still in flight (its job is being cancelled, or

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from eddyflow.state.abc import Changes, Written, written_keys
 from eddyflow.state.rocksdb.keys import StatePrefix, decode_key, encode_key
+from eddyflow.state.serialization import raise_state_error
 from eddyflow.values import SCALARS
 
 __all__ = ["MISSING", "ListTable", "MapTable", "Pickled", "RowStore", "Serializer", "ValueTable",
@@ -45,6 +46,8 @@ _SEQ = struct.Struct(">Q")
 #: key's encoding starts with a tag below 7) and its list rows (a sequence
 #: number's first byte is far below 0xff).
 _AFTER = b"\xff"
+#: Where a value that cannot be serialized was going, outside a snapshot.
+_WHERE = "in RocksDB"
 
 
 class Serializer(Protocol):
@@ -57,6 +60,11 @@ class RowStore(Protocol):
     """What the tables need of their backend's database."""
 
     serializer: Serializer
+    #: The operator whose state this is (named in errors).
+    operator: str
+    #: A write failed (a value that cannot be serialized): the job is
+    #: failing, and a flush at close would only fail the same way again.
+    unwritable: bool
 
     @property
     def busy(self) -> bool:
@@ -138,7 +146,16 @@ class ValueTable(dict[Any, Any]):
 
     def write_into(self, batch: Batch, written: Written) -> int:
         rows, values = rows_of(self, self.rows, written)
-        put_rows(batch, rows, values, self.store.serializer.dumps)
+        dumps = self.store.serializer.dumps
+        try:
+            put_rows(batch, rows, values, dumps)
+        except Exception as exc:
+            self.store.unwritable = True
+            keys = written_keys(written)
+            raise_state_error(exc, ((k, v) for k, v in zip(keys, values, strict=True)
+                                    if v is not MISSING and type(v) is not Pickled),
+                              operator=self.store.operator, state=self.rows.name,
+                              where=_WHERE, dumps=dumps)
         return len(rows)
 
     def rewrite(self, written: Written) -> None:
@@ -320,15 +337,22 @@ class MapTable(_RowTable):
             batch.delete_range(p, p + _AFTER)
             n += 1
         dumps = self.store.serializer.dumps
-        for key, entries in self._pending.items():
-            p = self.rows.prefix(key)
-            for mk, v in entries.items():
-                row = p + encode_key(mk)
-                if v is _GONE:
-                    batch.delete(row)
-                else:
-                    batch.put(row, dumps(v))
-                n += 1
+        try:
+            for key, entries in self._pending.items():
+                p = self.rows.prefix(key)
+                for mk, v in entries.items():
+                    row = p + encode_key(mk)
+                    if v is _GONE:
+                        batch.delete(row)
+                    else:
+                        batch.put(row, dumps(v))
+                    n += 1
+        except Exception as exc:
+            self.store.unwritable = True
+            raise_state_error(exc, ((k, v) for k, entries in self._pending.items()
+                                    for v in entries.values() if v is not _GONE),
+                              operator=self.store.operator, state=self.rows.name,
+                              where=_WHERE, dumps=dumps)
         self._cleared = set()
         self._pending = {}
         return n
@@ -383,18 +407,24 @@ class ListTable(_RowTable):
             p = self.rows.prefix(key)
             batch.delete_range(p, p + _AFTER)
             n += 1
-        for key, items in self._pending.items():
-            if not items:
-                continue
-            p = self.rows.prefix(key)
-            seq = 0
-            if key not in self._cleared:
-                last = self.store.last_row(p, p + _AFTER)
-                if last is not None and len(last) == len(p) + _SEQ.size:
-                    seq = _SEQ.unpack_from(last, len(p))[0] + 1
-            for i, v in enumerate(items, seq):
-                batch.put(p + _SEQ.pack(i), dumps(v))
-                n += 1
+        try:
+            for key, items in self._pending.items():
+                if not items:
+                    continue
+                p = self.rows.prefix(key)
+                seq = 0
+                if key not in self._cleared:
+                    last = self.store.last_row(p, p + _AFTER)
+                    if last is not None and len(last) == len(p) + _SEQ.size:
+                        seq = _SEQ.unpack_from(last, len(p))[0] + 1
+                for i, v in enumerate(items, seq):
+                    batch.put(p + _SEQ.pack(i), dumps(v))
+                    n += 1
+        except Exception as exc:
+            self.store.unwritable = True
+            raise_state_error(exc, ((k, v) for k, items in self._pending.items() for v in items),
+                              operator=self.store.operator, state=self.rows.name,
+                              where=_WHERE, dumps=dumps)
         self._cleared = set()
         self._pending = {}
         return n
