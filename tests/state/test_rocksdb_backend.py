@@ -114,6 +114,29 @@ def test_value_map_list_reducing_state_through_a_small_cache(tmp_path: Path) -> 
     b.close()
 
 
+def test_write_caches_stay_bounded_on_a_fresh_database(tmp_path: Path) -> None:
+    # A fresh database is "complete" (nothing to read back): its value cache
+    # must still evict, and map/list overlays flush, past cache_size.
+    b = make(tmp_path, cache_size=64)
+    value: ValueState[list[int]] = ValueState(b, "v")
+    maps: MapState[int, int] = MapState(b, "m")
+    lists: ListState[int] = ListState(b, "l")
+    biggest = 0
+    for i in range(5000):
+        b.current_key = i
+        value.value = [i]
+        maps.put(i % 7, i)
+        lists.add(i)
+        tables = b._rtables
+        biggest = max(biggest, len(tables["v"]), tables["m"]._pending_size(),
+                      tables["l"]._pending_size())
+    assert biggest <= 65
+    b.current_key = 4321
+    assert value.value == [4321] and maps.get(4321 % 7) == 4321 and lists.get() == [4321]
+    assert len(b.tables()["v"]) == 5000
+    b.close()
+
+
 def test_mutable_value_changed_in_place_is_written(tmp_path: Path) -> None:
     b = make(tmp_path, cache_size=2)
     v: ValueState[dict[str, int]] = ValueState(b, "v")

@@ -128,7 +128,12 @@ class ValueTable(dict[Any, Any]):
                 dict.__setitem__(self, k, loads(raw))
 
     def load_one(self, key: Any) -> None:
-        if self.complete or key in self.known:
+        if self.complete:
+            # Nothing to read, but the cache must stay bounded all the same.
+            if len(self) <= self.limit or self.store.busy:
+                return
+            self.evict()
+        if key in self.known:
             return
         if len(self.known) >= self.limit and not self.store.busy:
             self.evict()
@@ -243,6 +248,10 @@ class _RowTable(MutableMapping[Any, Any]):
         self.rows = StatePrefix(name, max_parallelism)
         self.limit = limit
         self._cleared: set[Any] = set()
+        #: Writes since the last flush (an upper bound of the pending rows:
+        #: counted as they happen, since summing the overlay at every write
+        #: made n writes cost n^2).
+        self._writes = 0
 
     def _scan(self, key: Any) -> Iterator[tuple[bytes, bytes]]:
         p = self.rows.prefix(key)
@@ -251,7 +260,7 @@ class _RowTable(MutableMapping[Any, Any]):
             yield row[n:], raw
 
     def _pending_size(self) -> int:
-        raise NotImplementedError
+        return self._writes + len(self._cleared)
 
     def flush_into(self, batch: Batch) -> int:
         raise NotImplementedError
@@ -277,14 +286,12 @@ class MapTable(_RowTable):
         super().__init__(store, name, max_parallelism, limit)
         self._pending: dict[Any, dict[Any, Any]] = {}
 
-    def _pending_size(self) -> int:
-        return sum(map(len, self._pending.values())) + len(self._cleared)
-
     def _lend(self, key: Any, mk: Any, v: Any) -> Any:
         # A mutable value handed to user code may be changed in place: it
         # is written again at the next flush.
         if type(v) not in SCALARS:
             self._pending.setdefault(key, {})[mk] = v
+            self._writes += 1
         return v
 
     def get_entry(self, key: Any, mk: Any, default: Any = None) -> Any:
@@ -303,10 +310,12 @@ class MapTable(_RowTable):
     def put_entry(self, key: Any, mk: Any, v: Any) -> None:
         encode_key(mk)  # reject a map key RocksDB cannot store, now
         self._pending.setdefault(key, {})[mk] = v
+        self._writes += 1
         self.maybe_flush()
 
     def remove_entry(self, key: Any, mk: Any) -> None:
         self._pending.setdefault(key, {})[mk] = _GONE
+        self._writes += 1
 
     def entries(self, key: Any) -> dict[Any, Any]:
         """Every entry of ``key``'s map (mutable values count as written)."""
@@ -355,6 +364,7 @@ class MapTable(_RowTable):
                               where=_WHERE, dumps=dumps)
         self._cleared = set()
         self._pending = {}
+        self._writes = 0
         return n
 
     def __getitem__(self, key: Any) -> dict[Any, Any]:
@@ -365,7 +375,8 @@ class MapTable(_RowTable):
 
     def __setitem__(self, key: Any, value: dict[Any, Any]) -> None:
         self.clear_key(key)
-        self._pending[key] = dict(value)
+        entries = self._pending[key] = dict(value)
+        self._writes += len(entries)
         self.maybe_flush()
 
     def __delitem__(self, key: Any) -> None:
@@ -381,9 +392,6 @@ class ListTable(_RowTable):
         #: ones, or instead of them when the key is in ``_cleared``)
         self._pending: dict[Any, list[Any]] = {}
 
-    def _pending_size(self) -> int:
-        return sum(map(len, self._pending.values())) + len(self._cleared)
-
     def elements(self, key: Any) -> list[Any]:
         out: list[Any] = []
         if key not in self._cleared:
@@ -393,7 +401,10 @@ class ListTable(_RowTable):
         return out
 
     def append(self, key: Any, items: Iterable[Any]) -> None:
-        self._pending.setdefault(key, []).extend(items)
+        pending = self._pending.setdefault(key, [])
+        before = len(pending)
+        pending.extend(items)
+        self._writes += len(pending) - before
         self.maybe_flush()
 
     def clear_key(self, key: Any) -> None:
@@ -427,6 +438,7 @@ class ListTable(_RowTable):
                               where=_WHERE, dumps=dumps)
         self._cleared = set()
         self._pending = {}
+        self._writes = 0
         return n
 
     def __getitem__(self, key: Any) -> list[Any]:
@@ -437,7 +449,8 @@ class ListTable(_RowTable):
 
     def __setitem__(self, key: Any, value: Iterable[Any]) -> None:
         self.clear_key(key)
-        self._pending[key] = list(value)
+        elements = self._pending[key] = list(value)
+        self._writes += len(elements)
         self.maybe_flush()
 
     def __delitem__(self, key: Any) -> None:
