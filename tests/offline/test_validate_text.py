@@ -4,6 +4,7 @@ arbitrary generated text, validates as consistent."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -51,3 +52,31 @@ def test_generated_text_validates(spark: Any, tmp_path_factory: pytest.TempPathF
                                   monkeypatch: pytest.MonkeyPatch, words: list[str]) -> None:
     text = " ".join(words)
     run_and_validate(spark, tmp_path_factory.mktemp("text"), text, monkeypatch)
+
+
+KEYED = Path(__file__).parent / "jobs" / "keyed_records.py"
+generated_keys = st.one_of(
+    st.text(max_size=8), st.integers(),
+    st.tuples(st.text(max_size=4), st.integers(min_value=-5, max_value=5)),
+    st.sampled_from(["s", "p", ("s", 1), ("p", "s")]))
+
+
+@settings(max_examples=4, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(generated_keys, st.integers(-1000, 1000)), min_size=1, max_size=300))
+def test_generated_keys_validate(spark: Any, tmp_path_factory: pytest.TempPathFactory,
+                                 monkeypatch: pytest.MonkeyPatch,
+                                 records: list[tuple[Any, int]]) -> None:
+    folder = tmp_path_factory.mktemp("keys")
+    (folder / "records.pickle").write_bytes(pickle.dumps(records))
+    env_for(monkeypatch, KEYED_RECORDS=str(folder / "records.pickle"))
+    env, _ = build_environment(KEYED, parallelism=2)
+    env.enable_checkpointing(interval=0.01, directory=folder / "chk")
+    result = env.execute("keys")
+    sums: dict[Any, int] = {}
+    for key, value in records:
+        sums[key] = sums.get(key, 0) + value
+    assert dict(result.state("sum")) == sums
+    report = validate(spark, ef.list_checkpoints(folder / "chk")[-1].path, job=KEYED)
+    assert report.ok, (records[:20], report.first_mismatches(5))
+    assert report.compared > 0
