@@ -59,13 +59,26 @@ def _latest_or_refuse(storage: CheckpointStorage) -> RestoredCheckpoint | None:
         "wrong with each); pass restore=None to start afresh deliberately")
 
 
+def _base_of(restored: RestoredCheckpoint | None, own: str | None) -> tuple[str, int] | None:
+    """The ``base`` of a run's checkpoints (state/commits.py): a restore from
+    the job's own folder inherits its checkpoint's, one from another folder
+    is based on that checkpoint; a fresh start has none."""
+    if restored is None:
+        return None
+    if restored.storage.root == own:
+        return restored.meta.base
+    return (restored.storage.root, restored.checkpoint_id)
+
+
 def _report_lost_metadata(storage: CheckpointStorage) -> None:
     """A ``chk-<n>`` folder without ``_metadata`` is normally a checkpoint a
     crash interrupted; one whose sinks committed had completed, and lost it."""
     committed = set(commit_record_ids(storage))
     for n in storage.checkpoint_ids():
         folder = storage.checkpoint_dir(n)
-        if n in committed and not os.path.exists(os.path.join(folder, METADATA)):
+        meta = os.path.join(folder, METADATA)
+        if n in committed and not os.path.exists(meta) \
+                and not os.path.exists(meta + ".superseded"):
             log.warning("checkpoint %d had completed (its sinks committed its output) but "
                         "%s is missing: it cannot be restored and is removed",
                         n, os.path.join(folder, METADATA))
@@ -316,8 +329,9 @@ class StreamEnvironment:
                  if isinstance(n.payload, SinkSpec)}
         journals = [s for s in (storage, restored.storage if restored else None)
                     if s is not None]
+        own = storage.root if storage is not None else None
         if restored is not None:
-            supersede_later_output(restored, lineage, journals, sinks)
+            supersede_later_output(restored, lineage, journals, sinks, own=own)
         if storage is not None:
             storage.ensure()
             removed = storage.clean_incomplete()
@@ -336,7 +350,8 @@ class StreamEnvironment:
             next_id = max(next_checkpoint_id(storage) if storage is not None else 1, used_ids)
             runner = JobRunner(plan, config, job_name, checkpointing=self.checkpoint_config,
                                restore=restored, next_checkpoint_id=next_id,
-                               completed_checkpoints=completed, lineage=lineage)
+                               completed_checkpoints=completed, lineage=lineage,
+                               base=_base_of(restored, own))
             try:
                 result = await runner.run()
             except JobFailed as exc:
@@ -361,7 +376,7 @@ class StreamEnvironment:
                         restored = latest
                     # The latest completed checkpoint may not verify any more:
                     # what the sinks committed after the one resumed from goes.
-                    supersede_later_output(restored, lineage, journals, sinks)
+                    supersede_later_output(restored, lineage, journals, sinks, own=own)
                 continue
             result.restarts = restarts
             return result

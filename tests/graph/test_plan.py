@@ -498,3 +498,26 @@ def test_build_plan_keyed_node_over_max_parallelism() -> None:
     g.add_edge(1, 2)
     with pytest.raises(ValueError, match=r"operator 'cnt': parallelism 8 exceeds max_paral"):
         build_plan(g, 8, 4)
+
+
+def test_stateful_operators_described_alike_must_be_named() -> None:
+    # Told apart only by declaration order, one would take the other's
+    # checkpointed state if another were declared ahead of them.
+    env = ef.StreamEnvironment()
+    env.from_collection([1]).sink_to(ef.ListSink())
+    env.from_collection([2]).sink_to(ef.ListSink())
+    with pytest.raises(ValueError, match=r"described alike.*\.name\("):
+        env.plan()
+    env = ef.StreamEnvironment()
+    s = env.from_collection([(1, 2)]).name("src")
+    s.key_by(lambda r: r[0]).count().name("by-first").sink_to(ef.ListSink()).name("a")
+    s.key_by(lambda r: r[1]).count().sink_to(ef.ListSink()).name("b")
+    s.key_by(lambda r: r[1]).count().sink_to(ef.ListSink()).name("c")
+    with pytest.raises(ValueError, match="count-"):
+        env.plan()
+    env = ef.StreamEnvironment()  # named, they are fine; stateless ones need nothing
+    s = env.from_collection([1]).name("one")
+    s.map(str).sink_to(ef.ListSink()).name("x")
+    s.map(str).sink_to(ef.ListSink()).name("y")
+    env.from_collection([2]).name("two").sink_to(ef.ListSink()).name("z")
+    env.plan()

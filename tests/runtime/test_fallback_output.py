@@ -133,11 +133,12 @@ def test_file_sink_finished_run_broken_final_checkpoint(tmp_path: Path, how: str
     assert_exact(committed(out))
 
 
-def test_list_sink_broken_latest(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["state-file", "truncated-metadata", "deleted-metadata"])
+def test_list_sink_broken_latest(tmp_path: Path, how: str) -> None:
     chk = tmp_path / "chk"
     sink = ef.ListSink()
     broken = crash(chk, sink)
-    damage(chk, broken, "state-file")
+    damage(chk, broken, how)
     env = make_env(chk)
     job(env, sink)
     run(env, restore="latest")
@@ -223,3 +224,38 @@ def test_fresh_start_of_another_lineage_leaves_earlier_output(tmp_path: Path) ->
     job(env, ef.FileSink(out))
     run(env, restore="latest")
     assert committed(out) == first + EXPECTED
+
+
+def test_restore_into_another_folder_twice(tmp_path: Path) -> None:
+    # Ids restart in every folder: B's chk-1 and chk-2 are not "before" A's
+    # chk-2. Output B committed after restoring A/chk-k is taken back when
+    # A/chk-k is restored again.
+    a, b, out = tmp_path / "a", tmp_path / "b", tmp_path / "out"
+    crash(a, ef.FileSink(out))
+    start = a / f"chk-{min(c.id for c in ef.list_checkpoints(a))}"
+    for _ in range(2):
+        env = make_env(b)
+        job(env, ef.FileSink(out), fail_after=300)
+        with pytest.raises(ef.JobFailed):
+            run(env, restore=str(start))
+    env = make_env(b)
+    job(env, ef.FileSink(out))
+    run(env, restore=str(start))
+    assert_exact(committed(out))
+
+
+def test_latest_after_a_deliberate_earlier_restore_skips_what_was_taken_back(
+        tmp_path: Path) -> None:
+    chk, out = tmp_path / "chk", tmp_path / "out"
+    crash(chk, ef.FileSink(out))
+    done = sorted(c.id for c in ef.list_checkpoints(chk))
+    env = make_env(chk)
+    job(env, ef.FileSink(out), fail_after=1)  # fails before its first checkpoint
+    with pytest.raises(ef.JobFailed):
+        run(env, restore=str(chk / f"chk-{done[0]}"))
+    # The later checkpoints' output was taken back: they are no longer restorable.
+    assert [c.id for c in ef.list_checkpoints(chk)] == done[:1]
+    env = make_env(chk)
+    job(env, ef.FileSink(out))
+    run(env, restore="latest")
+    assert_exact(committed(out))

@@ -10,6 +10,7 @@ bounded input acts as a final checkpoint.
 
 from __future__ import annotations
 
+import secrets
 import sys
 import threading
 from abc import ABC, abstractmethod
@@ -82,10 +83,13 @@ class ListSink(Sink):
     def __init__(self) -> None:
         self.results: list[Any] = []
         self.superseded: list[Any] = []
-        self._staged: dict[tuple[int, int], list[Any]] = {}
+        self._staged: dict[tuple[int, str], list[Any]] = {}
         # Committed transactions in commit order, with their record counts:
         # what supersede needs to find a transaction's records in `results`.
-        self._committed: dict[tuple[int, int], int] = {}
+        self._committed: dict[tuple[int, str], int] = {}
+        # Transaction names never repeat across sinks or runs (a restored
+        # checkpoint's committables may come from another ListSink object).
+        self._token = secrets.token_hex(4)
         self._next_txn = 0
         # Writers may run in other threads in future executors; cheap insurance.
         self._lock = threading.Lock()
@@ -97,9 +101,9 @@ class ListSink(Sink):
     def create_writer(self, subtask: int, parallelism: int) -> SinkWriter:
         return _ListWriter(self, subtask)
 
-    def _stage(self, subtask: int, records: list[Any]) -> list[int]:
+    def _stage(self, subtask: int, records: list[Any]) -> list[Any]:
         with self._lock:
-            txn = self._next_txn
+            txn = f"{self._token}-{self._next_txn}"
             self._next_txn += 1
             self._staged[(subtask, txn)] = records
         return [subtask, txn]

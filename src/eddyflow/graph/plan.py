@@ -97,6 +97,25 @@ def _resolve_parallelism(
     return p
 
 
+def _refuse_indistinguishable(graph: LogicalGraph) -> None:
+    """Unnamed operators that hold state in checkpoints (sources, keyed
+    operators, sinks) and have the same description (kind, inputs, source or
+    sink name) are told apart only by the order they were declared in:
+    declaring another one ahead of them would hand one's checkpointed state
+    to the other without a word. Such operators must be named."""
+    groups: dict[str, list[str]] = {}
+    for n in graph.nodes:
+        if not n.named and n.signature and (n.is_source or n.keyed or n.is_sink):
+            groups.setdefault(n.signature, []).append(n.uid)
+    clashes = [uids for uids in groups.values() if len(uids) > 1]
+    if clashes:
+        listed = "; ".join(" and ".join(f"'{u}'" for u in uids) for uids in clashes)
+        raise ValueError(
+            f"operators {listed} hold checkpointed state and are described alike (same "
+            "kind, inputs and source or sink): give each a name with .name(...), so that "
+            "a restore maps their state by name, not by the order they were declared in")
+
+
 def build_plan(
     graph: LogicalGraph,
     default_parallelism: int,
@@ -111,6 +130,7 @@ def build_plan(
     dupes = sorted({u for u in uids if uids.count(u) > 1})
     if dupes:
         raise ValueError(f"operator names must be unique; used more than once: {dupes}")
+    _refuse_indistinguishable(graph)
     if not any(n.is_source for n in graph.nodes):
         raise ValueError("the job has no source")
     if not any(n.is_sink for n in graph.nodes):

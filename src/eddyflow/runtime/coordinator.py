@@ -107,10 +107,13 @@ class CheckpointCoordinator:
         next_id: int = 1,
         completed: Sequence[int] = (),
         lineage: str = "",
+        base: tuple[str, int] | None = None,
     ) -> None:
         self.config = config
-        #: The history the checkpoints of this run belong to (state/commits.py).
+        #: The history the checkpoints of this run belong to, and the other
+        #: folder's checkpoint it was last restored from (state/commits.py).
         self.lineage = lineage
+        self.base = base
         self.mode = config.mode if config else "exactly_once"
         self.storage = CheckpointStorage(config.directory) if config else None
         self.job_name = job_name
@@ -322,7 +325,8 @@ class CheckpointCoordinator:
             # checkpoint must find out what to take back, even if this
             # checkpoint's _metadata is what gets lost.
             await write_commit_record(self.storage, CommitRecord(
-                p.id, self.lineage, {uid: tuple(c) for uid, c in by_sink.items()}))
+                p.id, self.lineage, {uid: tuple(c) for uid, c in by_sink.items()},
+                base=self.base))
         fault_point("sink.before_commit")
         for uid, committables in by_sink.items():
             self.sinks[uid].commit(committables)
@@ -444,6 +448,7 @@ class CheckpointCoordinator:
             checkpointed_size=written,
             full_size=full_size,
             lineage=self.lineage or None,
+            base=self.base,
             tasks={f"{names[k]}[{k[1]}]": TaskStats(s.alignment_duration, s.sync_duration,
                                                      s.async_duration)
                    for k, s in sorted(p.acks.items())},

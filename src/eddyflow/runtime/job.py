@@ -64,6 +64,7 @@ class JobRunner:
         next_checkpoint_id: int = 1,
         completed_checkpoints: Sequence[int] = (),
         lineage: str = "",
+        base: tuple[str, int] | None = None,
     ) -> None:
         self.plan = plan
         self.config = config
@@ -75,7 +76,7 @@ class JobRunner:
         }
         self.coordinator = CheckpointCoordinator(
             checkpointing, job_name, plan, self.sinks, next_checkpoint_id, completed_checkpoints,
-            lineage=lineage,
+            lineage=lineage, base=base,
         )
         self._spawn: Any = None
         self.loops = [LoopTracker(i) for i in range(len(plan.loops))]

@@ -17,12 +17,15 @@ cannot write to it again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from eddyflow.connectors.sink import Sink
+from eddyflow.durable import fsync_dir
 from eddyflow.errors import RestoreRefused
 from eddyflow.runtime.restore import RestoredCheckpoint
 from eddyflow.state.commits import (
@@ -31,49 +34,97 @@ from eddyflow.state.commits import (
     mark_superseded,
     read_commit_records,
 )
-from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage
+from eddyflow.state.lock import FolderLock
+from eddyflow.state.storage import METADATA, CheckpointCorrupted, CheckpointStorage
 
 __all__ = ["supersede_later_output"]
 
 log = logging.getLogger("eddyflow.checkpoints")
 
 
+def _takes_back(record: CommitRecord, folder: str, restored: RestoredCheckpoint | None,
+                lineage: str | None) -> bool | None:
+    """Whether ``record`` (in ``folder``) holds output later than
+    ``restored`` in its history: True, False, or ``None`` when that cannot
+    be told (another branch of the history; the restore is refused)."""
+    if restored is None:  # a restart from the start of this execution's lineage
+        return record.lineage == lineage
+    home, k = restored.storage.root, restored.checkpoint_id
+    if folder == home:
+        # Ids only grow in a folder: every later one is later in time, a
+        # later fresh start's output included.
+        return record.checkpoint_id > k
+    if record.lineage != lineage:
+        return False  # another history: the restored job never wrote it
+    base = restored.meta.base
+    if base is not None and base[0] == folder:
+        # The restored history came from this folder at checkpoint base[1]:
+        # what was committed here up to it is part of that history.
+        return record.checkpoint_id > base[1]
+    if record.base is not None and record.base[0] == home:
+        # Written by a run restored from the restored checkpoint's folder:
+        # from the restored checkpoint or a later one, it comes after it.
+        return True if record.base[1] >= k else None
+    return None
+
+
 def _later_records(restored: RestoredCheckpoint | None, lineage: str | None, what: str,
                    storages: Iterable[CheckpointStorage]
                    ) -> list[tuple[CheckpointStorage, CommitRecord]]:
-    after = -1 if restored is None else restored.checkpoint_id
-    home = None if restored is None else restored.storage.root
     found: dict[str, CheckpointStorage] = {}
     for storage in storages:
         found.setdefault(storage.root, storage)
     out: list[tuple[CheckpointStorage, CommitRecord]] = []
     for storage in found.values():
         try:
-            records = read_commit_records(storage, after=after)
+            records = read_commit_records(storage)
         except CheckpointCorrupted as exc:
             raise RestoreRefused(
                 f"cannot restart from {what}: {exc}; what the sinks committed after "
                 "it is unknown, so its replay could duplicate output (delete that "
                 "record to accept the risk)") from exc
-        # In the restored checkpoint's own folder every later id is later in
-        # time (ids only grow there), a later fresh start's output included.
-        # Elsewhere only the restored history's own output is later than it.
-        out.extend((storage, r) for r in records if not r.superseded and (
-            storage.root == home or (lineage is not None and r.lineage == lineage)))
+        for r in records:
+            if r.superseded:
+                continue
+            later = _takes_back(r, storage.root, restored, lineage)
+            if later is None:
+                raise RestoreRefused(
+                    f"cannot restart from {what}: "
+                    f"{commit_record_path(storage, r.checkpoint_id)} records output of "
+                    "another branch of this job's history (restored from an earlier "
+                    "checkpoint of that folder); whether restoring would write it "
+                    "again cannot be told. Restore the latest checkpoint of "
+                    f"{storage.root} instead, or remove that record to accept it")
+            if later:
+                out.append((storage, r))
     out.sort(key=lambda sr: sr[1].checkpoint_id, reverse=True)
     return out
 
 
+def _retire(storage: CheckpointStorage, checkpoint_id: int) -> None:
+    """Make a checkpoint whose output is taken back unrestorable, first: it
+    says that output was committed, which stops being true. Its folder then
+    goes like an incomplete one's."""
+    meta = os.path.join(storage.checkpoint_dir(checkpoint_id), METADATA)
+    if os.path.exists(meta):
+        os.replace(meta, meta + ".superseded")
+        fsync_dir(os.path.dirname(meta))
+
+
 def supersede_later_output(restored: RestoredCheckpoint | None, lineage: str | None,
                            storages: Iterable[CheckpointStorage],
-                           sinks: Mapping[str, Sink]) -> None:
-    """Take back what ``sinks`` committed in ``lineage`` after ``restored``
-    (after the lineage's start if ``None``: a restart that found no
+                           sinks: Mapping[str, Sink], *, own: str | None = None) -> None:
+    """Take back what ``sinks`` committed after ``restored`` in its
+    history (after the lineage's start if ``None``: a restart that found no
     checkpoint to resume from), the newest first, as the commit records in
     ``storages`` say; raises :class:`RestoreRefused` before touching
-    anything if a sink cannot."""
+    anything if a sink cannot, or if a record's place in the history is
+    unknown. Folders other than ``own`` (the job's checkpoint folder, whose
+    lock the job holds) are locked meanwhile: their records are rewritten."""
     what = "the start" if restored is None else f"checkpoint {restored.checkpoint_id}"
     later = _later_records(restored, lineage, what, storages)
+    if not later:
+        return
     for storage, record in later:
         for uid in record.sinks:
             sink = sinks.get(uid)
@@ -86,26 +137,36 @@ def supersede_later_output(restored: RestoredCheckpoint | None, lineage: str | N
                     f"the latest checkpoint, or delete "
                     f"{commit_record_path(storage, record.checkpoint_id)} "
                     "to accept duplicates")
-    for storage, record in later:
-        for uid, committables in record.sinks.items():
-            sink = sinks.get(uid)
-            if sink is None:
-                continue
-            # A sink carries a transaction into later checkpoints until it
-            # learns that one completed: what the restored checkpoint
-            # records is its own output, committed again, not taken back.
-            own = set() if restored is None else {
-                _canonical(c) for c in restored.committables(uid)}
-            taken = [c for c in committables if _canonical(c) not in own]
-            if not taken:
-                continue
-            where = sink.supersede(record.checkpoint_id, taken)
-            log.warning(
-                "restarting from %s: sink '%s' had committed the output of the later "
-                "checkpoint %d; it is moved aside to %s and will be written again",
-                what, uid, record.checkpoint_id, where)
-        mark_superseded(storage, record)
-
+    with contextlib.ExitStack() as locks:
+        for storage in {s.root: s for s, _ in later}.values():
+            if storage.root != own:
+                locks.enter_context(FolderLock(storage.root, "restore"))
+        for storage, record in later:
+            if restored is None or storage.root == restored.storage.root:
+                _retire(storage, record.checkpoint_id)
+            complete = True
+            for uid, committables in record.sinks.items():
+                sink = sinks.get(uid)
+                if sink is None:
+                    # Not this job's sink: the restored job cannot write to
+                    # it again. The record stays for the job that has it.
+                    complete = False
+                    continue
+                # A sink carries a transaction into later checkpoints until
+                # it learns that one completed: what the restored checkpoint
+                # records is its own output, committed again, not taken back.
+                kept = set() if restored is None else {
+                    _canonical(c) for c in restored.committables(uid)}
+                taken = [c for c in committables if _canonical(c) not in kept]
+                if not taken:
+                    continue
+                where = sink.supersede(record.checkpoint_id, taken)
+                log.warning(
+                    "restarting from %s: sink '%s' had committed the output of the later "
+                    "checkpoint %d; it is taken back (%s) and will be written again",
+                    what, uid, record.checkpoint_id, where)
+            if complete:
+                mark_superseded(storage, record)
 
 
 def _canonical(committable: Any) -> str:

@@ -59,11 +59,15 @@ class CommitRecord:
     sinks: Mapping[str, tuple[Any, ...]]
     #: Its output was taken back by a restore from an earlier checkpoint.
     superseded: bool = False
+    #: The metadata's ``base``: the checkpoint of another folder the run
+    #: that committed this descends from (``None``: its history began here).
+    base: tuple[str, int] | None = None
 
     def to_bytes(self) -> bytes:
         body = {"checkpoint_id": self.checkpoint_id, "lineage": self.lineage,
                 "sinks": {uid: list(c) for uid, c in self.sinks.items()},
-                "superseded": self.superseded}
+                "superseded": self.superseded,
+                "base": None if self.base is None else list(self.base)}
         return json.dumps(dict(body, checksum=_checksum(body)), sort_keys=True).encode()
 
     @staticmethod
@@ -75,7 +79,9 @@ class CommitRecord:
                 raise ValueError("checksum mismatch (truncated or altered)")
             return CommitRecord(int(d["checkpoint_id"]), str(d["lineage"]),
                                 {str(u): tuple(c) for u, c in d["sinks"].items()},
-                                bool(d.get("superseded", False)))
+                                bool(d.get("superseded", False)),
+                                None if d.get("base") is None
+                                else (str(d["base"][0]), int(d["base"][1])))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CheckpointCorrupted(f"{path}: unreadable commit record: {exc}") from exc
 

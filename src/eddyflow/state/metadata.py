@@ -216,6 +216,10 @@ class CheckpointMetadata:
     #: inherited by every restore (see :mod:`eddyflow.state.commits`).
     #: ``None`` in checkpoints written before lineages existed.
     lineage: str | None = None
+    #: The checkpoint of another folder this history was last restored
+    #: from, ``(folder, id)``; ``None`` if it started in this folder
+    #: (state/commits.py decides by it what a restore takes back elsewhere).
+    base: tuple[str, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -234,6 +238,7 @@ class CheckpointMetadata:
             "full_size": self.full_size,
             "tasks": {name: t.to_json() for name, t in self.tasks.items()},
             **({} if self.lineage is None else {"lineage": self.lineage}),
+            **({} if self.base is None else {"base": list(self.base)}),
         }
 
     @staticmethod
@@ -257,6 +262,7 @@ class CheckpointMetadata:
                 full_size=int(d["full_size"]),
                 tasks={name: TaskStats.from_json(t) for name, t in d["tasks"].items()},
                 lineage=None if d.get("lineage") is None else str(d["lineage"]),
+                base=None if d.get("base") is None else (str(d["base"][0]), int(d["base"][1])),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             # One kind of error, whatever is missing or mistyped, deep down or not.
