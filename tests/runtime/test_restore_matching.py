@@ -424,3 +424,30 @@ def test_cli_run_passes_allow_non_restored_state(tmp_path: Path,
     allowed = runner.invoke(main, ["run", str(job), "--restore", "latest",
                                    "--allow-non-restored-state"])
     assert allowed.exit_code == 0, allowed.output
+
+
+def test_checkpoint_from_before_stable_ids_restores_its_unchanged_job(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # A checkpoint written before lineages and stable ids named unnamed
+    # operators "<kind>-<declaration index>": rewrite one that way, as the
+    # earlier code wrote it, and restore the unchanged job from it.
+    from eddyflow.state.storage import CheckpointStorage
+
+    directory = tmp_path / "chk"
+    info = crash(directory)
+    env = make_env(directory)
+    keyed_job(env, ef.ListSink())
+    legacy = {n.uid: f"{n.kind}-{n.id}" for n in env._graph.nodes}
+    storage = CheckpointStorage(directory)
+    meta = storage.read_metadata(info.id)
+    for key in ("checksum", "format_version", "checkpoint_id", "lineage", "base"):
+        meta.pop(key, None)
+    meta["operators"] = {legacy.get(u, u): op for u, op in meta["operators"].items()}
+    asyncio.run(storage.write_metadata(info.id, meta))
+    env = make_env(directory)
+    keyed_job(env, ef.ListSink())
+    with caplog.at_level(logging.WARNING, logger="eddyflow.checkpoints"):
+        result = run(env, restore="latest")
+    assert any("predates stable operator ids" in r.getMessage() for r in caplog.records)
+    (count,) = [n.uid for n in env._graph.nodes if n.kind == "count"]
+    assert dict(result.state(count)) == dict(Counter(r[0] for r in RECORDS))

@@ -91,6 +91,7 @@ class RestoredCheckpoint:
         What cannot be restored at all (a source at another parallelism,
         another ``max_parallelism``) is refused with or without it."""
         nodes = {n.uid: n for n in plan.graph.nodes}
+        self._adopt_positional_uids(plan, nodes)
         unmatched: dict[str, str] = {}
         for uid, op in sorted(self.operators.items()):
             held = _held_state(op)
@@ -144,6 +145,29 @@ class RestoredCheckpoint:
         raise IncompatibleCheckpoint(message, checkpoint_id=self.checkpoint_id,
                                      unmatched=tuple(unmatched),
                                      problems=(*unmatched.values(), *others))
+
+    def _adopt_positional_uids(self, plan: ExecutionPlan, nodes: Mapping[str, Any]) -> None:
+        """Checkpoints written before lineages existed also predate stable
+        generated uids: an unnamed operator was ``<kind>-<declaration
+        index>``. For those, an unchanged job's unnamed operators take their
+        state under that old uid (same kind), with a warning, so that a job
+        restores its own checkpoints across the upgrade."""
+        if self.meta.lineage is not None:
+            return
+        renamed: dict[str, str] = {}
+        for n in plan.graph.nodes:
+            old = f"{n.kind}-{n.id}"
+            op = self.operators.get(old)
+            if (not n.named and n.uid not in self.operators and old not in nodes
+                    and op is not None and op.kind == n.kind):
+                renamed[old] = n.uid
+        if not renamed:
+            return
+        log.warning("checkpoint %d predates stable operator ids: unnamed operators take the "
+                    "state of their old position-based ids (%s); name them to be safe",
+                    self.checkpoint_id,
+                    ", ".join(f"'{o}' -> '{u}'" for o, u in sorted(renamed.items())))
+        self.operators = {renamed.get(uid, uid): op for uid, op in self.operators.items()}
 
     def _subtasks(self, uid: str) -> list[SubtaskState]:
         """The old subtasks of ``uid`` in subtask order (none if it is new)."""
