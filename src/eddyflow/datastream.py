@@ -28,6 +28,7 @@ from eddyflow.runtime.operators import (
     MapWithStateSpec,
     SinkSpec,
 )
+from eddyflow.runtime.watermarks import AssignTimestampsSpec
 
 if TYPE_CHECKING:
     from eddyflow.environment import StreamEnvironment
@@ -147,6 +148,19 @@ class DataStream:
         return DataStream(self._env, tuple(inputs))
 
     # -- cycles --------------------------------------------------------------
+
+    def assign_timestamps_and_watermarks(self, strategy: Any) -> DataStream:
+        """Give records event time: each record's timestamp from
+        ``strategy``'s extractor, and watermarks generated per parallel
+        instance (chained after a source at its parallelism: per source
+        split group). Upstream watermarks stop here; this operator's replace
+        them. ``strategy``: an ``ef.WatermarkStrategy`` (see
+        ``runtime/watermarks.py`` for what the runtime asks of it)."""
+        for what in ("create_timestamp_assigner", "create_watermark_generator"):
+            if not callable(getattr(strategy, what, None)):
+                raise TypeError(f"assign_timestamps_and_watermarks needs a WatermarkStrategy "
+                                f"(with {what}()), got {strategy!r:.100}")
+        return self._then("timestamps", lambda uid: AssignTimestampsSpec(strategy))
 
     def iterate(self) -> IterativeStream:
         """Start a loop: the returned stream carries this stream's records and

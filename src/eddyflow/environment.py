@@ -21,6 +21,7 @@ from eddyflow.graph.plan import ExecutionPlan, build_plan
 from eddyflow.keygroups import MAX_PARALLELISM
 from eddyflow.restart import NoRestart, RestartStrategy
 from eddyflow.result import JobResult
+from eddyflow.runtime.clock import WALL_CLOCK, Clock
 from eddyflow.runtime.coordinator import MODES, CheckpointConfig
 from eddyflow.runtime.job import JobRunner, RuntimeConfig
 from eddyflow.runtime.operators import SinkSpec, SourceSpec
@@ -139,6 +140,8 @@ class StreamEnvironment:
         self.state_backend: StateBackend = MemoryStateBackend()
         self.checkpoint_config: CheckpointConfig | None = None
         self.restart_strategy: RestartStrategy = NoRestart()
+        self.clock: Clock = WALL_CLOCK
+        self.auto_watermark_interval = 0.2
         self._graph = LogicalGraph()
         #: The name of the job this environment ran (see the class docstring).
         self._executed: str | None = None
@@ -178,6 +181,24 @@ class StreamEnvironment:
         self.checkpoint_config = CheckpointConfig(
             float(interval), os.fspath(directory), mode, retained, float(timeout)
         )
+        return self
+
+    def set_clock(self, clock: Clock) -> StreamEnvironment:
+        """Where processing time comes from (processing-time timers,
+        idleness): the wall clock by default; ``ef.testing.ManualClock`` in
+        tests."""
+        if not all(callable(getattr(clock, m, None)) for m in ("now", "call_at")):
+            raise TypeError(f"set_clock needs a clock with now() and call_at(), got {clock!r}")
+        self.clock = clock
+        return self
+
+    def set_auto_watermark_interval(self, seconds: float) -> StreamEnvironment:
+        """How often a watermark generator's watermark goes out while records
+        keep coming (Flink's ``autoWatermarkInterval``, 0.2 s by default; 0:
+        after every batch). It always goes out when the input runs dry."""
+        if not seconds >= 0:
+            raise ValueError(f"auto watermark interval must be >= 0 seconds, got {seconds!r}")
+        self.auto_watermark_interval = float(seconds)
         return self
 
     def set_restart_strategy(self, strategy: RestartStrategy) -> StreamEnvironment:
@@ -238,6 +259,8 @@ class StreamEnvironment:
             channel_capacity=self.channel_capacity,
             max_parallelism=self.max_parallelism,
             state_backend=self.state_backend,
+            clock=self.clock,
+            auto_watermark_interval=self.auto_watermark_interval,
         )
 
     def _storage(self) -> CheckpointStorage | None:

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eddyflow.state.abc import KeyedStateBackend
 from eddyflow.state.handles import ListState, MapState, ReducingState, ValueState
+
+if TYPE_CHECKING:
+    from eddyflow.runtime.timers import TimerService
 
 __all__ = ["KeyedProcessFunction", "RuntimeContext"]
 
@@ -29,10 +32,15 @@ class RuntimeContext:
         self.parallelism = parallelism
         self.max_parallelism = max_parallelism
         self._backend = backend
+        #: The event timestamp of the record being processed (``None`` if it
+        #: has none), or of the timer firing in ``on_timer``.
+        self.timestamp: float | None = None
+        #: Timers of the current key (set by the operator before ``open``).
+        self.timer_service: TimerService = None  # type: ignore[assignment]
 
     @property
     def current_key(self) -> Any:
-        """The key of the record being processed."""
+        """The key of the record being processed (of the timer, in ``on_timer``)."""
         return self._backend.current_key
 
     def value_state(self, name: str, default: Any = None) -> ValueState[Any]:
@@ -62,6 +70,13 @@ class KeyedProcessFunction(ABC):
     @abstractmethod
     def process(self, value: Any, ctx: RuntimeContext) -> Iterable[Any] | None:
         """Handle one record; yield (or return an iterable of) output records."""
+
+    def on_timer(self, timestamp: float, ctx: RuntimeContext) -> Iterable[Any] | None:
+        """A timer registered for ``timestamp`` fires (``ctx.current_key`` is
+        its key, ``ctx.timestamp`` its time); yield outputs. Event-time
+        timers fire once the watermark reaches them, in timestamp order;
+        processing-time timers once the job's clock does."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Called once when the subtask ends."""

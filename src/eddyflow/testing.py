@@ -1,4 +1,5 @@
-"""Testing helpers (API.md): ``FailingMap`` and the fault-injection points.
+"""Testing helpers (API.md): ``FailingMap``, ``ManualClock`` (processing
+time that moves only on ``advance``) and the fault-injection points.
 
 ``FailingMap`` is an identity function that raises :class:`InjectedFailure`
 after a number of records; it counts across restarts (the object outlives
@@ -10,9 +11,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from eddyflow.runtime.clock import ManualClock
 from eddyflow.runtime.faults import FAULT_POINTS, InjectedFailure, arm, disarm_all
 
-__all__ = ["FAULT_POINTS", "FailingMap", "InjectedFailure", "arm", "disarm_all"]
+__all__ = ["FAULT_POINTS", "FailingMap", "InjectedFailure", "ManualClock", "arm", "disarm_all"]
 
 
 class FailingMap:

@@ -1,9 +1,16 @@
 """What travels through channels: record batches and in-band control events.
 
 Records always travel in a :class:`RecordBatch` (a list, so operators use
-list operations at C speed); control events (end of input now, checkpoint
-barriers later) travel in the same FIFO between batches, which is what makes
-barriers "in band": everything before an event was sent before it.
+list operations at C speed); control events (end of input, checkpoint
+barriers, watermarks and watermark status) travel in the same FIFO between
+batches, which is what makes them "in band": everything before an event was
+sent before it.
+
+Event time: a batch of a stream with event time carries its records'
+timestamps in a parallel list (``timestamps[i]`` is ``batch[i]``'s, a float
+in seconds, or ``None`` for a record without one); a stream without event
+time carries ``None`` there, so jobs that never use event time pay one
+attribute per batch and nothing per record.
 """
 
 from __future__ import annotations
@@ -11,7 +18,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Barrier", "EndOfInput", "RecordBatch", "Span", "merge_span"]
+__all__ = [
+    "Barrier",
+    "EndOfInput",
+    "RecordBatch",
+    "Span",
+    "Watermark",
+    "WatermarkStatus",
+    "merge_span",
+    "timestamped",
+]
 
 #: Where a batch's records were read: ``((source label, first position,
 #: position after the last), ...)``. Kept per batch, not per record, so that
@@ -24,11 +40,22 @@ Span = tuple[tuple[str, Any, Any], ...]
 
 
 class RecordBatch(list[Any]):
-    __slots__ = ("span",)
+    __slots__ = ("span", "timestamps")
 
-    def __init__(self, records: Any = (), span: Span | None = None) -> None:
+    def __init__(self, records: Any = (), span: Span | None = None,
+                 timestamps: list[Any] | None = None) -> None:
         super().__init__(records)
         self.span = span
+        #: The records' event timestamps, parallel to the list; ``None``: the
+        #: stream has no event time.
+        self.timestamps = timestamps
+
+
+def timestamped(records: list[Any], timestamps: list[Any] | None) -> RecordBatch:
+    """``records`` with their timestamps: what an operator returns from
+    ``on_watermark`` (or ``process``) to give its outputs timestamps of its
+    own choosing (a window result: the window's end)."""
+    return RecordBatch(records, None, timestamps)
 
 
 def merge_span(into: Span | None, other: Span | None) -> Span | None:
@@ -66,3 +93,21 @@ class Barrier:
 
     checkpoint_id: int
     timestamp: float
+
+
+@dataclass(frozen=True, slots=True)
+class Watermark:
+    """Event time ``timestamp`` has been reached on this channel: no record
+    with a timestamp ``<= timestamp`` is expected after it (one that comes
+    is *late*). ``float('inf')`` ends event time: a bounded input is done."""
+
+    timestamp: float
+
+
+@dataclass(frozen=True, slots=True)
+class WatermarkStatus:
+    """The sender's watermark is ``idle`` (its split saw no record for its
+    idleness timeout: downstream minimums leave it out) or active again (it
+    has records again: it counts from its next watermark on)."""
+
+    idle: bool

@@ -19,6 +19,7 @@ from eddyflow.graph.logical import Partitioning
 from eddyflow.graph.plan import ExchangeSpec, ExecutionPlan
 from eddyflow.result import JobResult, merge_state
 from eddyflow.runtime.channel import Channel, InputGate
+from eddyflow.runtime.clock import WALL_CLOCK, Clock
 from eddyflow.runtime.coordinator import CheckpointConfig, CheckpointCoordinator
 from eddyflow.runtime.events import RecordBatch
 from eddyflow.runtime.loops import LoopTracker
@@ -48,6 +49,10 @@ class RuntimeConfig:
     max_parallelism: int
     state_backend: StateBackend
     feedback_memory: int = 1 << 16  # records a feedback channel keeps before spilling
+    #: Processing time (``env.set_clock``).
+    clock: Clock = WALL_CLOCK
+    #: Seconds between a generator's watermarks while busy (0: every batch).
+    auto_watermark_interval: float = 0.2
 
 
 class JobRunner:
@@ -162,13 +167,14 @@ class JobRunner:
                     if node.is_source:
                         continue
                     ctx = OperatorContext(node.uid, s, chain.parallelism, cfg.max_parallelism,
-                                          cfg.state_backend, checkpointing)
+                                          cfg.state_backend, checkpointing, cfg.clock)
                     ops.append(node.payload.instantiate(ctx))
                 head = nodes[0]
                 common: dict[str, Any] = dict(
                     batch_size=cfg.batch_size, buffer_timeout=cfg.buffer_timeout,
                     chain_index=chain.index, coordinator=self.coordinator,
-                    restore=self.restore, spawn=self._spawn_write,
+                    restore=self.restore, spawn=self._spawn_write, clock=cfg.clock,
+                    auto_watermark_interval=cfg.auto_watermark_interval,
                 )
                 writers = outputs.get((chain.index, s), [])
                 if head.is_source:

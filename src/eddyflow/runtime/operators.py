@@ -10,12 +10,22 @@ offline jobs can read to replay a job.
 Failure location: when ``process`` raises, the task asks the operator which
 input record failed (``failed_index``); keyed operators know it from their
 loop, pure operators find it by re-running the batch record by record.
+
+Event time: a batch whose records have timestamps goes through
+``process_ts(batch, timestamps)``, which returns the outputs with theirs
+(one-to-one operators keep the list, ``filter`` compresses it, ``flat_map``
+repeats each input's timestamp for each of its outputs, a process function's
+outputs take the timestamp of the record, or timer, that made them); a batch
+without goes through ``process`` alone, as before event time existed. When
+the task's watermark advances it calls ``on_watermark`` on each operator of
+the chain, in order (see ``runtime/valve.py``).
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
+import math
 import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -25,6 +35,9 @@ from eddyflow.connectors.sink import Sink, SinkWriter
 from eddyflow.errors import IncompatibleCheckpoint
 from eddyflow.functions import KeyedProcessFunction, RuntimeContext
 from eddyflow.keygroups import check_key, key_group_range
+from eddyflow.runtime.clock import WALL_CLOCK, Clock
+from eddyflow.runtime.events import timestamped
+from eddyflow.runtime.timers import EVENT_TIME, PROCESSING_TIME, TimerService
 from eddyflow.state.abc import (
     Changes,
     KeyedSnapshot,
@@ -68,6 +81,8 @@ class OperatorContext:
     state_backend: StateBackend
     #: Snapshots will be taken: keyed state records what changes.
     checkpointing: bool = False
+    #: Processing time (``env.set_clock``).
+    clock: Clock = WALL_CLOCK
 
     def keyed_backend(self) -> KeyedStateBackend:
         groups = key_group_range(self.subtask, self.max_parallelism, self.parallelism)
@@ -96,6 +111,12 @@ class Operator:
     pure = False
     #: Holds keyed state (restored by key group).
     keyed = False
+    #: Sets its records' timestamps and generates watermarks of its own (the
+    #: watermarks from upstream stop here).
+    assigns_timestamps = False
+    #: Has processing-time work (timers): the task asks it
+    #: ``next_processing_time`` and calls ``on_processing_time``.
+    uses_clock = False
 
     def __init__(self, ctx: OperatorContext) -> None:
         self.ctx = ctx
@@ -105,12 +126,41 @@ class Operator:
         self.failed_index: int | None = None
         #: The failure was raised by the key selector, not the operator's function.
         self.key_failed = False
+        #: This operator's event time: the last watermark it was given (it
+        #: only moves forward). A record with timestamp ``t <= watermark`` is late.
+        self.watermark = -math.inf
 
     def open(self) -> None:
         """Prepare for the first batch (state, user ``open``)."""
 
     def process(self, batch: list[Any]) -> list[Any]:
         raise NotImplementedError
+
+    def process_ts(self, batch: list[Any], timestamps: list[Any] | None
+                   ) -> tuple[list[Any], list[Any] | None]:
+        """``process`` for records with timestamps: the outputs and theirs.
+        One-to-one operators keep the input's; others may return a
+        :class:`~eddyflow.runtime.events.RecordBatch` that carries its own
+        (else their outputs have none)."""
+        out = self.process(batch)
+        if self.one_to_one:
+            return out, timestamps
+        return out, getattr(out, "timestamps", None)
+
+    def next_processing_time(self) -> float | None:
+        """When ``on_processing_time`` has work next (``uses_clock`` operators)."""
+        return None
+
+    def on_processing_time(self, now: float) -> list[Any]:
+        """Processing time reached ``now``: fire what is due."""
+        return []
+
+    def on_watermark(self, watermark: float) -> list[Any]:
+        """The watermark reached ``watermark`` (already set on
+        ``self.watermark``): fire what it completes (event-time timers,
+        windows). Outputs flow through the rest of the chain before it gets
+        the watermark; a ``RecordBatch`` with ``timestamps`` gives them theirs."""
+        return []
 
     def locate_failure(self, batch: list[Any]) -> int | None:
         """The index of the input record ``process`` failed on, if known."""
@@ -188,10 +238,28 @@ class _Filter(_PureOperator):
     def process(self, batch: list[Any]) -> list[Any]:
         return list(filter(self.fn, batch))
 
+    def process_ts(self, batch: list[Any], timestamps: list[Any] | None
+                   ) -> tuple[list[Any], list[Any] | None]:
+        # The predicate once per record; both lists kept by its answers.
+        keep = list(map(self.fn, batch))
+        kept = list(itertools.compress(batch, keep))
+        if timestamps is None:
+            return kept, None
+        return kept, list(itertools.compress(timestamps, keep))
+
 
 class _FlatMap(_PureOperator):
     def process(self, batch: list[Any]) -> list[Any]:
         return list(itertools.chain.from_iterable(map(self.fn, batch)))
+
+    def process_ts(self, batch: list[Any], timestamps: list[Any] | None
+                   ) -> tuple[list[Any], list[Any] | None]:
+        parts = [list(p) for p in map(self.fn, batch)]
+        out = list(itertools.chain.from_iterable(parts))
+        if timestamps is None:
+            return out, None
+        # Each output takes its input's timestamp (the output_counts idea).
+        return out, [t for t, p in zip(timestamps, parts, strict=True) for _ in p]
 
 
 class _Identity(Operator):
@@ -490,38 +558,96 @@ class _MapWithState(_Keyed):
 
 
 class _Process(_Keyed):
+    uses_clock = True
+
     def __init__(self, ctx: OperatorContext, key_fn: Callable[[Any], Any],
                  fn: KeyedProcessFunction) -> None:
         super().__init__(ctx, key_fn)
         self.fn = fn
         self.rctx: RuntimeContext | None = None
+        self.timers: TimerService | None = None
 
     def open(self) -> None:
         backend = self.backend = self.ctx.keyed_backend()
         c = self.ctx
         self.rctx = RuntimeContext(c.uid, c.subtask, c.parallelism, c.max_parallelism, backend)
+        self.timers = TimerService(backend, c.clock.now, lambda: self.watermark)
+        self.rctx.timer_service = self.timers
         self.fn.open(self.rctx)
 
     def process(self, batch: list[Any]) -> list[Any]:
+        return self.process_ts(batch, None)[0]
+
+    def process_ts(self, batch: list[Any], timestamps: list[Any] | None
+                   ) -> tuple[list[Any], list[Any] | None]:
         kf, proc, ctx = self.key_fn, self.fn.process, self.rctx
         backend = self.backend
         assert backend is not None and ctx is not None
         out: list[Any] = []
         extend = out.extend
+        stamps: list[Any] | None = None if timestamps is None else []
         i = 0
         k: Any = None
         try:
-            for i, r in enumerate(batch):  # noqa: B007 - i names the failing record
+            for i, r in enumerate(batch):
                 k = kf(r)
                 check_key(k)
                 backend.current_key = k
-                res = proc(r, ctx)
-                if res is not None:
-                    extend(res)
+                if stamps is not None:
+                    assert timestamps is not None
+                    t = ctx.timestamp = timestamps[i]
+                    n = len(out)
+                    res = proc(r, ctx)
+                    if res is not None:
+                        extend(res)
+                        # Outputs take the timestamp of the record that made them.
+                        stamps.extend([t] * (len(out) - n))
+                else:
+                    res = proc(r, ctx)
+                    if res is not None:
+                        extend(res)
         except Exception as exc:
             self._failed(batch, i, exc, k)
             raise
-        return out
+        finally:
+            ctx.timestamp = None
+        return out, stamps
+
+    def _fire(self, domain: str, until: float, stamp: bool) -> list[Any]:
+        """Run ``on_timer`` for every timer of ``domain`` due at ``until``."""
+        timers, ctx = self.timers, self.rctx
+        assert timers is not None and ctx is not None
+        on_timer = self.fn.on_timer
+        out: list[Any] = []
+        stamps: list[Any] = []
+        try:
+            for t, _ in timers.pop_due(domain, until):
+                ctx.timestamp = t
+                n = len(out)
+                res = on_timer(t, ctx)
+                if res is not None:
+                    out.extend(res)
+                    stamps.extend([t if stamp else None] * (len(out) - n))
+        finally:
+            ctx.timestamp = None
+        # Event-time timer outputs carry the timer's time, processing-time
+        # ones none (as Flink).
+        return timestamped(out, stamps) if out else out
+
+    def on_watermark(self, watermark: float) -> list[Any]:
+        return self._fire(EVENT_TIME, watermark, True)
+
+    def next_processing_time(self) -> float | None:
+        return None if self.timers is None else self.timers.next_time(PROCESSING_TIME)
+
+    def on_processing_time(self, now: float) -> list[Any]:
+        return self._fire(PROCESSING_TIME, now, False)
+
+    def restore_keyed(self, root: str, kinds: dict[str, str],
+                      handles: list[KeyedStateHandle]) -> None:
+        super().restore_keyed(root, kinds, handles)
+        assert self.timers is not None
+        self.timers.rebuild()
 
     def close(self) -> None:
         try:

@@ -12,6 +12,8 @@ from typing import Any
 from eddyflow.backedge.log import read_backedge_log
 from eddyflow.errors import IncompatibleCheckpoint
 from eddyflow.graph.plan import ExecutionPlan
+from eddyflow.keygroups import key_group_range
+from eddyflow.runtime.valve import decode_watermark
 from eddyflow.state.abc import KeyedStateHandle
 from eddyflow.state.metadata import CheckpointMetadata, OperatorState, SubtaskState
 from eddyflow.state.storage import CheckpointStorage
@@ -203,6 +205,29 @@ class RestoredCheckpoint:
                 continue  # none of its key groups is ours
             out.append(handle)
         return out
+
+    def watermark(self, uid: str, key_groups: range) -> float | None:
+        """The watermark operator ``uid`` restarts from in the subtask that
+        owns ``key_groups``: the minimum over the old subtasks whose key
+        groups overlap them (at the same parallelism, its own), ``None`` if
+        none recorded one. The minimum, because a later watermark would make
+        records late that were not late for the key groups that move here;
+        a lower one cannot re-fire anything, since timers (and so windows)
+        are deleted from the state as they fire."""
+        op = self.operators.get(uid)
+        if op is None:
+            return None
+        mp = self.meta.max_parallelism
+        found: list[float] = []
+        for s, part in sorted(op.subtasks.items()):
+            old = key_group_range(s, mp, op.parallelism)
+            if old.stop <= key_groups.start or old.start >= key_groups.stop:
+                continue
+            v = part.extra.get("watermark")
+            if v is None:
+                return None  # that one had no event time yet: -inf
+            found.append(decode_watermark(v))
+        return min(found) if found else None
 
     def keyed_kinds(self, uid: str) -> dict[str, str]:
         """The kinds of the states of ``uid`` in every old subtask, not only

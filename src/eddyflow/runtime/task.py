@@ -16,6 +16,13 @@ and writes the snapshot asynchronously while records flow again; the write
 acknowledges to the coordinator. At the end of its input a task snapshots its
 final state for the final checkpoint before it sends end-of-input on.
 
+Event time (``runtime/valve.py``, mixed in as :class:`EventTime`): records
+carry timestamps beside the batch; ``Watermark`` and ``WatermarkStatus``
+events come in band, the valve takes the minimum over the inputs, and each
+advance runs ``on_watermark`` down the chain before it is forwarded; a
+generator in the chain (``assign_timestamps_and_watermarks``) emits its own;
+processing-time timers wake the task through the job's clock.
+
 A failure inside an operator is turned into a :class:`TaskFailure` that
 names the operator, the subtask, the record and the source position it came
 from, traced back through the chain (see ``Operator.output_counts``).
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import pickle
 import time
 from collections.abc import Awaitable, Callable
@@ -38,11 +46,21 @@ from eddyflow.connectors.source import SourceReader
 from eddyflow.errors import StateSerializationError
 from eddyflow.keygroups import key_group_range
 from eddyflow.runtime.channel import InputGate
+from eddyflow.runtime.clock import Clock
 from eddyflow.runtime.coordinator import TaskSnapshot
-from eddyflow.runtime.events import END_OF_INPUT, Barrier, EndOfInput, RecordBatch, Span
+from eddyflow.runtime.events import (
+    END_OF_INPUT,
+    Barrier,
+    EndOfInput,
+    RecordBatch,
+    Span,
+    Watermark,
+    WatermarkStatus,
+)
 from eddyflow.runtime.faults import fault_point
 from eddyflow.runtime.loops import LoopTracker
 from eddyflow.runtime.operators import Operator, OperatorSnapshot
+from eddyflow.runtime.valve import EventTime, WatermarkValve, encode_watermark
 from eddyflow.runtime.writers import KeyRoutingError, RecordWriter
 from eddyflow.state.abc import SnapshotTarget
 from eddyflow.state.serialization import find_unpicklable, reason_of, record_text
@@ -106,7 +124,7 @@ class _BackEdgeLog:
         self.count += len(batch)
 
 
-class Task:
+class Task(EventTime):
     def __init__(
         self,
         name: str,
@@ -128,6 +146,8 @@ class Task:
         input_loops: list[LoopTracker | None] | None = None,
         head_of: LoopTracker | None = None,
         input_entries: list[LoopTracker | None] | None = None,
+        clock: Clock | None = None,
+        auto_watermark_interval: float = 0.2,
     ) -> None:
         if (gate is None) == (reader is None):
             raise ValueError("a task reads either from a gate or from a source reader")
@@ -174,16 +194,28 @@ class Task:
         self.finished = False
         self._closed = False
         self._snapshots: dict[int, dict[str, OperatorSnapshot | None]] = {}
+        # Each operator's watermark at the synchronous phase of checkpoint n.
+        self._snapshot_watermarks: dict[int, dict[str, float]] = {}
+        self._valve = (WatermarkValve(list(self.regular), final_at_end=head_of is None)
+                       if gate is not None else None)
+        self._init_event_time(clock, auto_watermark_interval)
 
     # -- the chain ---------------------------------------------------------
 
-    def _run_chain(self, batch: list[Any], start: int = 0) -> list[Any]:
+    def _run_chain(self, batch: list[Any], start: int = 0, timestamps: list[Any] | None = None
+                   ) -> tuple[list[Any], list[Any] | None]:
+        """``batch`` through the operators from ``start`` on: the outputs and
+        their timestamps (``None`` while the records have none: then only
+        ``process`` runs, the path of jobs without event time)."""
         ops = self.operators
         stages: list[list[Any]] = []
         for k in range(start, len(ops)):
             op = ops[k]
             try:
-                out = op.process(batch)
+                if timestamps is None and not op.assigns_timestamps:
+                    out = op.process(batch)
+                else:
+                    out, timestamps = op.process_ts(batch, timestamps)
             except Exception as exc:
                 stages.append(batch)
                 raise self._failure(exc, op, start, stages, op.locate_failure(batch)) from exc
@@ -192,15 +224,16 @@ class Task:
             stages.append(batch)
             batch = out
             if not batch:
-                return batch
-        return batch
+                return batch, None
+        return batch, timestamps
 
-    async def _emit(self, records: list[Any], span: Span | None, stages_in: list[Any]) -> None:
+    async def _emit(self, records: list[Any], span: Span | None, stages_in: list[Any],
+                    timestamps: list[Any] | None = None) -> None:
         if not records:
             return
         for w in self.writers:
             try:
-                w.add(records, span)
+                w.add(records, span, timestamps)
             except KeyRoutingError as exc:
                 raise self._routing_failure(exc, w, stages_in) from exc.__cause__
             tracker = w.tracker
@@ -222,9 +255,25 @@ class Task:
         if since and time.monotonic() - since >= self.buffer_timeout:
             await self._flush()
 
-    async def _process_input(self, batch: list[Any], span: Span | None) -> None:
-        out = self._run_chain(batch)
-        await self._emit(out, span, batch)
+    async def _process_input(self, batch: list[Any], span: Span | None,
+                             timestamps: list[Any] | None = None) -> None:
+        out, stamps = self._run_chain(batch, 0, timestamps)
+        if self._assigner is not None:
+            await self._generator_status()  # active again: said before the records
+            await self._emit(out, span, batch, stamps)
+            await self._generator_watermark(False)
+        else:
+            await self._emit(out, span, batch, stamps)
+        if self._clocked:
+            self._schedule_clock()
+
+    def _wake(self) -> None:
+        """Processing time is due: wake the loop wherever it waits."""
+        wake = self._trigger_wakeup
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+        if self.gate is not None:
+            self.gate._wake()
 
     # -- failure reports ---------------------------------------------------
 
@@ -376,8 +425,12 @@ class Task:
         may_block = bool(getattr(reader, "may_block", False))
         pending: asyncio.Future[list[Any] | None] | None = None
         start = reader.position()
+        if self._clocked:
+            self._schedule_clock()
         try:
             while True:
+                if self._timers_due:
+                    await self._fire_processing_time()
                 # A batch already read belongs before the barrier: its
                 # records are counted in the reader's position.
                 if self._trigger is not None and (pending is None or not pending.done()):
@@ -416,6 +469,7 @@ class Task:
                 start = end
                 if len(batch) < size:
                     # The source has nothing more right now: let what we have go.
+                    await self._generator_watermark(True)
                     await self._flush()
                 else:
                     await self._maybe_flush()
@@ -487,7 +541,13 @@ class Task:
         back_left = len(gate.channels) - regular_left
         ended = False
         turn = time.monotonic()
+        valve = self._valve
+        assert valve is not None
+        if self._clocked:
+            self._schedule_clock()
         while regular_left or back_left:
+            if self._timers_due:
+                await self._fire_processing_time()
             trigger = self._trigger
             if trigger is not None:
                 # A loop head whose input has ended starts checkpoints in its
@@ -506,6 +566,7 @@ class Task:
                 continue
             got = gate.poll()
             if got is None:
+                await self._generator_watermark(True)
                 await self._flush()
                 if not ended and self._loop_is_empty():
                     continue
@@ -521,7 +582,7 @@ class Task:
                     except StateSerializationError as exc:
                         raise self._serialization_failure(exc) from exc
                 self._current_span = item.span
-                await self._process_input(item, item.span)
+                await self._process_input(item, item.span, item.timestamps)
                 tracker = self.input_loops[i]
                 if tracker is not None:
                     tracker.consumed(len(item))
@@ -544,8 +605,23 @@ class Task:
                     await self._on_barrier(gate, i, item)
                 else:
                     self._on_back_edge_barrier(i, item, gate)
+            elif kind is Watermark:
+                wm = valve.on_watermark(i, item.timestamp)
+                if wm is not None:
+                    await self._advance_watermark(wm)
+                if self._assigner is None:
+                    await self._set_idle(valve.idle_out)
+            elif kind is WatermarkStatus:
+                wm = valve.on_status(i, item.idle)
+                if wm is not None:
+                    await self._advance_watermark(wm)
+                if self._assigner is None:
+                    await self._set_idle(valve.idle_out)
             elif kind is EndOfInput:
                 self._ended[i] = True
+                wm = valve.on_end(i)
+                if wm is not None:
+                    await self._advance_watermark(wm)
                 entry = self.input_entries[i]
                 if entry is not None:
                     entry.entry_ended()
@@ -647,6 +723,7 @@ class Task:
             self._trigger = None
         if self._backlog is not None and self._backlog.checkpoint_id == checkpoint_id:
             self._backlog = None
+        self._snapshot_watermarks.pop(checkpoint_id, None)
         snaps = self._snapshots.pop(checkpoint_id, None)
         if snaps is not None:
             self._cancel_snapshots(snaps)
@@ -775,6 +852,8 @@ class Task:
                                   op.uid, self.subtask, None) from exc
         # Until written: an abort stops their work (a forked child, say).
         self._snapshots[n] = snaps
+        self._snapshot_watermarks[n] = {op.uid: op.watermark for op in self.operators
+                                        if op.watermark > -math.inf}
         return snaps
 
     async def _write_and_ack(self, n: int, snaps: dict[str, OperatorSnapshot | None],
@@ -796,6 +875,7 @@ class Task:
             raise
         finally:
             self._snapshots.pop(n, None)
+            self._snapshot_watermarks.pop(n, None)
 
     @staticmethod
     def _cancel_snapshots(snaps: dict[str, OperatorSnapshot | None]) -> None:
@@ -816,8 +896,12 @@ class Task:
             parts[self.source_uid] = {"source": position}
         if storage is not None:
             fault_point("snapshot.async_write")
+        watermarks = self._snapshot_watermarks.get(n, {})
         for uid, snap in snaps.items():
             part: dict[str, Any] = {}
+            if uid in watermarks:
+                # The operator's event time at the barrier (metadata `extra`).
+                part["watermark"] = encode_watermark(watermarks[uid])
             if snap is not None:
                 if snap.keyed is not None:
                     keyed = await snap.keyed.write()
@@ -841,6 +925,11 @@ class Task:
 
     def _restore(self, restored: RestoredCheckpoint) -> None:
         for op in self.operators:
+            c = op.ctx
+            wm = restored.watermark(op.uid, key_group_range(c.subtask, c.max_parallelism,
+                                                            c.parallelism))
+            if wm is not None:
+                op.watermark = wm
             if op.keyed:
                 c = op.ctx
                 groups = key_group_range(c.subtask, c.max_parallelism, c.parallelism)
@@ -854,6 +943,8 @@ class Task:
 
     async def _end_of_input(self) -> None:
         self._current_span = None
+        self._stop_clock()  # pending processing-time timers do not fire (as Flink)
+        await self._end_event_time(self._valve)
         for k, op in enumerate(self.operators):
             try:
                 extra = op.end_input()
@@ -862,8 +953,12 @@ class Task:
                                                  "the end of input"), op.uid, self.subtask,
                                   None) from exc
             if extra:
-                out = self._run_chain(extra, k + 1)
-                await self._emit(out, None, [])
+                out, stamps = self._run_chain(extra, k + 1, getattr(extra, "timestamps", None))
+                await self._emit(out, None, [], stamps)
+            if op.assigns_timestamps:
+                # A bounded input ends event time: every timer fires.
+                op.watermark = math.inf
+                await self._advance_watermark(math.inf, k + 1)
         # The final state is acknowledged later, checkpoint by checkpoint and
         # in the final checkpoint (CheckpointCoordinator.task_finished).
         self._final_position = self.reader.position() if self.reader is not None else None

@@ -6,6 +6,12 @@ event).
 
 ``add`` is synchronous and returns whether a buffer is full, so the task only
 pays for an ``await`` when a batch actually leaves.
+
+Timestamps (event time) follow their records into the buffers: ``add`` takes
+the batch's parallel timestamp list, or ``None`` when the stream has no event
+time, which keeps the partitioning loops of such streams as they were. A
+buffer that mixes both (a union of a stream with event time and one without)
+holds ``None`` for the records that have no timestamp.
 """
 
 from __future__ import annotations
@@ -49,7 +55,8 @@ class RecordWriter:
         #: How many channels each record goes to (broadcast: all of them).
         self.copies = 1
 
-    def add(self, records: list[Any], span: Span | None) -> bool:
+    def add(self, records: list[Any], span: Span | None,
+            timestamps: list[Any] | None = None) -> bool:
         raise NotImplementedError
 
     async def _send(self, i: int, buf: RecordBatch) -> None:
@@ -81,11 +88,27 @@ class RecordWriter:
             await ch.put(event)
 
 
+def _extend_timestamps(buf: RecordBatch, timestamps: list[Any] | None, n: int) -> None:
+    """Append ``n`` records' timestamps to ``buf`` (before the records):
+    ``None`` for each if they have none, after padding ``buf``'s own records
+    with ``None`` if it had none so far."""
+    held = buf.timestamps
+    if held is None:
+        held = buf.timestamps = [None] * len(buf)
+    if timestamps is None:
+        held.extend([None] * n)
+    else:
+        held.extend(timestamps)
+
+
 class ForwardWriter(RecordWriter):
     """One channel (forward edge, or a single downstream subtask)."""
 
-    def add(self, records: list[Any], span: Span | None) -> bool:
+    def add(self, records: list[Any], span: Span | None,
+            timestamps: list[Any] | None = None) -> bool:
         buf = self.buffers[0]
+        if timestamps is not None or buf.timestamps is not None:
+            _extend_timestamps(buf, timestamps, len(records))
         buf.extend(records)
         buf.span = merge_span(buf.span, span)
         self.full = full = len(buf) >= self.batch_size
@@ -100,10 +123,13 @@ class RebalanceWriter(RecordWriter):
         super().__init__(channels, batch_size, label)
         self._next = start % len(channels)
 
-    def add(self, records: list[Any], span: Span | None) -> bool:
+    def add(self, records: list[Any], span: Span | None,
+            timestamps: list[Any] | None = None) -> bool:
         i = self._next
         self._next = (i + 1) % len(self.channels)
         buf = self.buffers[i]
+        if timestamps is not None or buf.timestamps is not None:
+            _extend_timestamps(buf, timestamps, len(records))
         buf.extend(records)
         buf.span = merge_span(buf.span, span)
         full = len(buf) >= self.batch_size
@@ -116,9 +142,12 @@ class BroadcastWriter(RecordWriter):
         super().__init__(channels, batch_size, label)
         self.copies = len(channels)
 
-    def add(self, records: list[Any], span: Span | None) -> bool:
+    def add(self, records: list[Any], span: Span | None,
+            timestamps: list[Any] | None = None) -> bool:
         size = self.batch_size
         for buf in self.buffers:
+            if timestamps is not None or buf.timestamps is not None:
+                _extend_timestamps(buf, timestamps, len(records))
             buf.extend(records)
             buf.span = merge_span(buf.span, span)
             if len(buf) >= size:
@@ -147,8 +176,55 @@ class KeyGroupWriter(RecordWriter):
         # key -> channel. Python's hash() only serves as the cache's own
         # lookup; the routing decision itself is the stable hash.
         self._cache: dict[Any, int] = {}
+        # Once records with timestamps went through, every buffer keeps a
+        # timestamp list (the loop without them is the fast one).
+        self._timestamped = False
 
-    def add(self, records: list[Any], span: Span | None) -> bool:
+    def _channel_of(self, k: Any) -> int:
+        c = self._cache.get(k)
+        if c is None:
+            c = self._route[stable_hash(k) % self.max_parallelism]
+            if len(self._cache) >= self._CACHE_LIMIT:
+                self._cache.clear()
+            self._cache[k] = c
+        return c
+
+    def _add_timestamped(self, records: list[Any], span: Span | None,
+                         timestamps: list[Any] | None) -> bool:
+        """``add`` for records with timestamps: each goes with its record."""
+        self._timestamped = True
+        for buf in self.buffers:
+            if buf.timestamps is None:
+                buf.timestamps = [None] * len(buf)
+        ts = timestamps if timestamps is not None else [None] * len(records)
+        kf = self.key_fn
+        appends = [b.append for b in self.buffers]
+        stamps = [b.timestamps.append for b in self.buffers]  # type: ignore[union-attr]
+        i = 0
+        try:
+            for i, r in enumerate(records):
+                k = kf(r)
+                try:
+                    c = self._channel_of(k)
+                except TypeError:
+                    stable_hash(k)  # UnsupportedKeyError names the key's type
+                    raise
+                appends[c](r)
+                stamps[c](ts[i])
+        except Exception as exc:
+            raise KeyRoutingError(i, records[i] if i < len(records) else None) from exc
+        size = self.batch_size
+        for buf in self.buffers:
+            if buf:
+                buf.span = merge_span(buf.span, span)
+                if len(buf) >= size:
+                    self.full = True
+        return self.full
+
+    def add(self, records: list[Any], span: Span | None,
+            timestamps: list[Any] | None = None) -> bool:
+        if timestamps is not None or self._timestamped:
+            return self._add_timestamped(records, span, timestamps)
         kf = self.key_fn
         cache = self._cache
         get = cache.get
