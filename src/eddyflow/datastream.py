@@ -29,6 +29,7 @@ from eddyflow.runtime.operators import (
     SinkSpec,
 )
 from eddyflow.runtime.watermarks import AssignTimestampsSpec
+from eddyflow.windowing.watermarks import WatermarkStrategy
 
 if TYPE_CHECKING:
     from eddyflow.environment import StreamEnvironment
@@ -154,12 +155,10 @@ class DataStream:
         ``strategy``'s extractor, and watermarks generated per parallel
         instance (chained after a source at its parallelism: per source
         split group). Upstream watermarks stop here; this operator's replace
-        them. ``strategy``: an ``ef.WatermarkStrategy`` (see
-        ``runtime/watermarks.py`` for what the runtime asks of it)."""
-        for what in ("create_timestamp_assigner", "create_watermark_generator"):
-            if not callable(getattr(strategy, what, None)):
-                raise TypeError(f"assign_timestamps_and_watermarks needs a WatermarkStrategy "
-                                f"(with {what}()), got {strategy!r:.100}")
+        them. ``strategy``: an ``ef.WatermarkStrategy``."""
+        if not isinstance(strategy, WatermarkStrategy):
+            raise TypeError(f"assign_timestamps_and_watermarks needs an ef.WatermarkStrategy, "
+                            f"got {strategy!r:.100}")
         return self._then("timestamps", lambda uid: AssignTimestampsSpec(strategy))
 
     def iterate(self) -> IterativeStream:

@@ -127,7 +127,8 @@ class Operator:
         #: The failure was raised by the key selector, not the operator's function.
         self.key_failed = False
         #: This operator's event time: the last watermark it was given (it
-        #: only moves forward). A record with timestamp ``t <= watermark`` is late.
+        #: only moves forward). A record with timestamp ``t < watermark`` is late
+        #: (``windowing/watermarks.py`` states the rule).
         self.watermark = -math.inf
 
     def open(self) -> None:

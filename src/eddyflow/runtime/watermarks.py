@@ -7,91 +7,24 @@ source at the same parallelism, one instance sees exactly one source split
 group (an ``ef.Log`` partition group, a text-file split): watermarks are then
 per split, as API.md says; elsewhere, per subtask of the operator.
 
-What the runtime needs of a strategy (``ef.WatermarkStrategy`` provides it;
-:class:`BoundedOutOfOrderness` here is the minimal one the runtime's tests
-use): ``create_timestamp_assigner()`` -> a callable ``record -> float``
-(seconds), ``create_watermark_generator()`` -> a :class:`WatermarkGenerator`,
-and ``idleness``: seconds without a record after which the split is idle,
-or ``None``.
-
-Lateness: a record with timestamp ``t`` is late for an operator iff ``t <=``
-its current watermark (Flink's rule; with float seconds there is no "minus
-one millisecond": under bounded out-of-orderness the watermark is ``max
-timestamp seen - max_delay``, so a record exactly ``max_delay`` behind the
-newest is late, one less than that behind is not).
+The strategy is an ``ef.WatermarkStrategy`` (``windowing/watermarks.py``):
+the runtime reads its ``timestamp`` extractor (``record -> float`` seconds)
+and ``idleness`` (seconds without a record after which the split is idle,
+or ``None``), and asks ``create_generator()`` for one generator per
+instance. Lateness, firing and the watermark arithmetic are defined once,
+there: a record with timestamp ``t`` is late iff ``t <`` the watermark; an
+event-time timer for ``t`` fires once the watermark is ``>= t``.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from eddyflow.runtime.operators import Operator, OperatorContext
+from eddyflow.windowing.watermarks import WatermarkStrategy
 
-__all__ = [
-    "AssignTimestampsSpec",
-    "BoundedOutOfOrderness",
-    "BoundedOutOfOrdernessGenerator",
-    "WatermarkGenerator",
-    "WatermarkStrategyLike",
-]
-
-
-class WatermarkGenerator(Protocol):
-    def on_event(self, record: Any, timestamp: float) -> None:
-        """A record with ``timestamp`` went by."""
-        ...
-
-    def current_watermark(self) -> float:
-        """The watermark now (``-inf`` before any); the runtime only ever
-        moves its watermark forward, whatever this returns."""
-        ...
-
-
-class WatermarkStrategyLike(Protocol):
-    idleness: float | None
-
-    def create_timestamp_assigner(self) -> Callable[[Any], float]: ...
-
-    def create_watermark_generator(self) -> WatermarkGenerator: ...
-
-
-class BoundedOutOfOrdernessGenerator:
-    """``max timestamp seen - max_delay``."""
-
-    __slots__ = ("max_delay", "max_seen")
-
-    def __init__(self, max_delay: float) -> None:
-        self.max_delay = max_delay
-        self.max_seen = -math.inf
-
-    def on_event(self, record: Any, timestamp: float) -> None:
-        if timestamp > self.max_seen:
-            self.max_seen = timestamp
-
-    def current_watermark(self) -> float:
-        return self.max_seen - self.max_delay
-
-
-@dataclass(frozen=True)
-class BoundedOutOfOrderness:
-    """A minimal strategy for the runtime's own tests (the public one is
-    ``ef.WatermarkStrategy.bounded_out_of_orderness``)."""
-
-    max_delay: float
-    timestamp: Callable[[Any], float]
-    idleness: float | None = None
-
-    def create_timestamp_assigner(self) -> Callable[[Any], float]:
-        return self.timestamp
-
-    def create_watermark_generator(self) -> WatermarkGenerator:
-        return BoundedOutOfOrdernessGenerator(self.max_delay)
-
-    def with_idleness(self, seconds: float) -> BoundedOutOfOrderness:
-        return BoundedOutOfOrderness(self.max_delay, self.timestamp, seconds)
+__all__ = ["AssignTimestampsSpec"]
 
 
 class _AssignTimestamps(Operator):
@@ -100,11 +33,11 @@ class _AssignTimestamps(Operator):
     assigns_timestamps = True
     one_to_one = True
 
-    def __init__(self, ctx: OperatorContext, strategy: WatermarkStrategyLike) -> None:
+    def __init__(self, ctx: OperatorContext, strategy: WatermarkStrategy) -> None:
         super().__init__(ctx)
         self.strategy = strategy
-        self.extract = strategy.create_timestamp_assigner()
-        self.generator = strategy.create_watermark_generator()
+        self.extract = strategy.timestamp
+        self.generator = strategy.create_generator()
         self.idleness = strategy.idleness
         self.uses_clock = self.idleness is not None
         self.last_record = ctx.clock.now()
@@ -120,8 +53,8 @@ class _AssignTimestamps(Operator):
         extract = self.extract
         stamps = list(map(extract, batch))
         on_event = self.generator.on_event
-        for r, t in zip(batch, stamps, strict=True):
-            on_event(r, t)
+        for t in stamps:
+            on_event(t)
         if batch and self.idleness is not None:
             self.last_record = self.ctx.clock.now()
             if self.idle:
@@ -146,7 +79,7 @@ class _AssignTimestamps(Operator):
 
 @dataclass(frozen=True)
 class AssignTimestampsSpec:
-    strategy: Any  # WatermarkStrategyLike
+    strategy: WatermarkStrategy
 
     def instantiate(self, ctx: OperatorContext) -> Operator:
         return _AssignTimestamps(ctx, self.strategy)
