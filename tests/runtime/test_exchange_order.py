@@ -155,8 +155,8 @@ def test_text_file_source_keeps_per_split_order(tmp_path: Path) -> None:
 
 def test_union_delivers_both_inputs_in_their_order() -> None:
     env = ef.StreamEnvironment(parallelism=1, batch_size=8)
-    a = env.from_collection([("a", i) for i in range(500)])
-    b = env.from_collection([("b", i) for i in range(300)])
+    a = env.from_collection([("a", i) for i in range(500)]).name("a")
+    b = env.from_collection([("b", i) for i in range(300)]).name("b")
     sink = ef.ListSink()
     mapped = a.union(b).map(lambda r: r)
     mapped.sink_to(sink)
@@ -171,7 +171,8 @@ def test_union_delivers_both_inputs_in_their_order() -> None:
 
 def test_union_of_three_streams_then_key_by() -> None:
     env = ef.StreamEnvironment(parallelism=3)
-    streams = [env.from_collection([f"w{i % 7}" for i in range(n)]) for n in (70, 140, 210)]
+    streams = [env.from_collection([f"w{i % 7}" for i in range(n)]).name(f"words-{n}")
+               for n in (70, 140, 210)]
     sink = ef.ListSink()
     streams[0].union(streams[1], streams[2]).key_by(lambda w: w).count().sink_to(sink)
     env.execute()

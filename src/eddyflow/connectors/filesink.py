@@ -68,10 +68,11 @@ class FileSink(Sink):
             os.makedirs(aside, exist_ok=True)
             os.replace(src, os.path.join(aside, final))
             moved = True
-        if moved:
-            fsync_dir(aside)
-            fsync_dir(os.path.dirname(aside))
-            fsync_dir(self.path)
+        if not moved:
+            return None  # taken back already, or never here
+        fsync_dir(aside)
+        fsync_dir(os.path.dirname(aside))
+        fsync_dir(self.path)
         return aside
 
     def recover(self, committed: list[Any]) -> None:

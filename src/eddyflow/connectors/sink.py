@@ -65,10 +65,11 @@ class Sink(ABC):
 
         Called before a restore from an earlier checkpoint, which will
         produce that output again: move it aside (keep it recoverable) and
-        return where it went, for the warning the runtime logs. Must be
-        idempotent, like :meth:`commit`. The default returns ``None``: this
-        sink cannot take output back, and the restore is refused rather
-        than emitting it twice."""
+        return where it went, for the warning the runtime logs, or ``None``
+        if none of it is here (another sink object or folder, or taken back
+        already). Must be idempotent, like :meth:`commit`. A sink that does
+        not override this cannot take output back: a restore that would
+        need it is refused rather than emitting that output twice."""
         return None
 
 
@@ -120,7 +121,7 @@ class ListSink(Sink):
         gone = {(subtask, txn) for subtask, txn in committables}
         with self._lock:
             if not gone & self._committed.keys():
-                return "ListSink.superseded"  # taken back already, or never here
+                return None  # taken back already, or never here
             if len(self.results) != sum(self._committed.values()):
                 raise RuntimeError(
                     "ListSink.results was changed outside the sink: the output of "

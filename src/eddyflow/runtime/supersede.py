@@ -111,6 +111,13 @@ def _retire(storage: CheckpointStorage, checkpoint_id: int) -> None:
         fsync_dir(os.path.dirname(meta))
 
 
+def _unretire(storage: CheckpointStorage, checkpoint_id: int) -> None:
+    meta = os.path.join(storage.checkpoint_dir(checkpoint_id), METADATA)
+    if os.path.exists(meta + ".superseded"):
+        os.replace(meta + ".superseded", meta)
+        fsync_dir(os.path.dirname(meta))
+
+
 def supersede_later_output(restored: RestoredCheckpoint | None, lineage: str | None,
                            storages: Iterable[CheckpointStorage],
                            sinks: Mapping[str, Sink], *, own: str | None = None) -> None:
@@ -142,9 +149,13 @@ def supersede_later_output(restored: RestoredCheckpoint | None, lineage: str | N
             if storage.root != own:
                 locks.enter_context(FolderLock(storage.root, "restore"))
         for storage, record in later:
-            if restored is None or storage.root == restored.storage.root:
+            # Retired before anything moves (a crash in between leaves it
+            # unrestorable, never restorable with its output gone); restored
+            # if none of its output was here to take back.
+            retire = restored is None or storage.root == restored.storage.root
+            if retire:
                 _retire(storage, record.checkpoint_id)
-            complete = True
+            complete, took = True, False
             for uid, committables in record.sinks.items():
                 sink = sinks.get(uid)
                 if sink is None:
@@ -161,11 +172,19 @@ def supersede_later_output(restored: RestoredCheckpoint | None, lineage: str | N
                 if not taken:
                     continue
                 where = sink.supersede(record.checkpoint_id, taken)
+                if where is None:
+                    continue  # none of that output is in this sink
+                took = True
                 log.warning(
                     "restarting from %s: sink '%s' had committed the output of the later "
-                    "checkpoint %d; it is taken back (%s) and will be written again",
+                    "checkpoint %d; it is moved aside to %s and will be written again",
                     what, uid, record.checkpoint_id, where)
-            if complete:
+            if not took:
+                # Nothing of it was here: it stays as it was, for a job whose
+                # sinks hold that output.
+                if retire:
+                    _unretire(storage, record.checkpoint_id)
+            elif complete:
                 mark_superseded(storage, record)
 
 
