@@ -72,17 +72,24 @@ def _base_of(restored: RestoredCheckpoint | None, own: str | None) -> tuple[str,
 
 
 def _report_lost_metadata(storage: CheckpointStorage) -> None:
-    """A ``chk-<n>`` folder without ``_metadata`` is normally a checkpoint a
-    crash interrupted; one whose sinks committed had completed, and lost it."""
+    """A ``chk-<n>`` folder without ``_metadata`` cannot be restored and is
+    removed at start. Say so: normally a checkpoint a crash interrupted
+    (its state files may live in ``shared/``), but possibly one whose
+    ``_metadata`` was lost — certainly that when its sinks had committed (a
+    commit record exists)."""
     committed = set(commit_record_ids(storage))
     for n in storage.checkpoint_ids():
         folder = storage.checkpoint_dir(n)
         meta = os.path.join(folder, METADATA)
-        if n in committed and not os.path.exists(meta) \
-                and not os.path.exists(meta + ".superseded"):
+        if os.path.exists(meta) or os.path.exists(meta + ".superseded"):
+            continue
+        if n in committed:
             log.warning("checkpoint %d had completed (its sinks committed its output) but "
-                        "%s is missing: it cannot be restored and is removed",
-                        n, os.path.join(folder, METADATA))
+                        "%s is missing: it cannot be restored and is removed", n, meta)
+        else:
+            log.warning("%s has no _metadata (a checkpoint a crash interrupted, or one "
+                        "whose _metadata was lost): it cannot be restored and is removed",
+                        folder)
 
 
 def _positive_int(value: Any, what: str) -> int:

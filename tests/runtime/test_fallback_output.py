@@ -259,3 +259,26 @@ def test_latest_after_a_deliberate_earlier_restore_skips_what_was_taken_back(
     job(env, ef.FileSink(out))
     run(env, restore="latest")
     assert_exact(committed(out))
+
+
+def test_deleted_metadata_without_committed_output_is_reported(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # A sink that committed nothing leaves no commit record: the folder
+    # without _metadata is still reported, not removed in silence.
+    chk = tmp_path / "chk"
+    env = make_env(chk)
+    ds = env.from_collection(RECORDS).name("src").map(Pace(every=2, seconds=0.002)).name("p")
+    ds = ds.set_parallelism(1).map(ef.testing.FailingMap(after=900)).name("f")
+    ds.key_by(lambda r: r[0]).count().name("count").filter(lambda r: False).print()
+    with pytest.raises(ef.JobFailed):
+        run(env)
+    broken = latest(chk)
+    damage(chk, broken, "deleted-metadata")
+    env = make_env(chk)
+    ds = env.from_collection(RECORDS).name("src").map(Pace(every=2, seconds=0.002)).name("p")
+    ds = ds.set_parallelism(1).map(ef.testing.FailingMap(after=10**9)).name("f")
+    ds.key_by(lambda r: r[0]).count().name("count").filter(lambda r: False).print()
+    with caplog.at_level(logging.WARNING, logger="eddyflow"):
+        run(env, restore="latest")
+    assert any(f"chk-{broken} has no _metadata" in r.getMessage()
+               for r in caplog.records)

@@ -33,6 +33,7 @@ import aiofiles.os
 import anyio
 import anyio.lowlevel
 
+from eddyflow.durable import fsync_dir
 from eddyflow.state._writer_main import remove, write_durably
 from eddyflow.state.writer import WriterProcess
 
@@ -167,8 +168,16 @@ class CheckpointStorage:
         return os.path.join(self.root, checkpoint_dir_name(checkpoint_id))
 
     def ensure(self) -> None:
-        os.makedirs(os.path.join(self.root, "shared"), exist_ok=True)
-        os.makedirs(os.path.join(self.root, "_commits"), exist_ok=True)
+        created = False
+        for sub in ("shared", "_commits"):
+            path = os.path.join(self.root, sub)
+            if not os.path.isdir(path):
+                os.makedirs(path, exist_ok=True)
+                created = True
+        if created:
+            # The commit journal's folder must survive a power loss with the
+            # sink commits it vouches for.
+            fsync_dir(self.root)
 
     def checkpoint_ids(self) -> list[int]:
         """Ids of every ``chk-<n>`` folder, complete or not, ascending."""
