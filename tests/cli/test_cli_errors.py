@@ -21,20 +21,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
-
-import eddyflow as ef
-from eddyflow.cli.main import main
-
-JOB = """\
-import eddyflow as ef
-
-def build(env):
-    env.enable_checkpointing(interval=0.05, directory={chk!r})
-    (env.from_collection([f"w{{i % 5}}" for i in range(500)]).name("words")
-        .key_by(lambda w: w).count().name("count")
-        .sink_to(ef.FileSink({out!r})).name("out"))
-"""
+from cli_support import cli, corrupt, run_ok, state_file, word_job
+from click.testing import Result
 
 
 def _write(tmp_path: Path, name: str, text: str) -> Path:
@@ -42,9 +30,6 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
     path.write_text(textwrap.dedent(text))
     return path
 
-
-def _cli(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args), prog_name="eddyflow")
 
 
 def _one_error_line(result: Result, code: int) -> str:
@@ -58,10 +43,6 @@ def _one_error_line(result: Result, code: int) -> str:
     return lines[0]
 
 
-def _job(tmp_path: Path) -> Path:
-    return _write(tmp_path, "words.py", JOB.format(chk=str(tmp_path / "chk"),
-                                                   out=str(tmp_path / "out")))
-
 
 # -- eddyflow run: the job file ---------------------------------------------------
 
@@ -73,7 +54,7 @@ def test_syntax_error_names_file_and_line(tmp_path: Path) -> None:
         def build(env) -> None
             pass
         """)
-    line = _one_error_line(_cli("run", str(job)), 2)
+    line = _one_error_line(cli("run", str(job)), 2)
     assert line == f"error: {job}:3: expected ':'"
 
 
@@ -85,7 +66,7 @@ def test_import_error_names_file_line_and_module(tmp_path: Path) -> None:
         def build(env):
             pass
         """)
-    line = _one_error_line(_cli("run", str(job)), 2)
+    line = _one_error_line(cli("run", str(job)), 2)
     assert line == (f"error: {job}:2: ModuleNotFoundError: No module named "
                     "'no_such_module_for_eddyflow_tests'")
 
@@ -97,16 +78,16 @@ def test_build_that_raises_names_the_line_of_the_job(tmp_path: Path) -> None:
         def build(env):
             env.enable_checkpointing(mode="sometimes")
         """)
-    line = _one_error_line(_cli("run", str(job)), 2)
+    line = _one_error_line(cli("run", str(job)), 2)
     assert line.startswith(f"error: {job}:4: build(env) raised ValueError: checkpoint mode "
                            "must be one of"), line
 
 
 def test_missing_job_file_and_missing_build(tmp_path: Path) -> None:
-    line = _one_error_line(_cli("run", str(tmp_path / "nope.py")), 2)
+    line = _one_error_line(cli("run", str(tmp_path / "nope.py")), 2)
     assert line == f"error: job file '{tmp_path / 'nope.py'}' does not exist"
     job = _write(tmp_path, "empty.py", "x = 1\n")
-    line = _one_error_line(_cli("run", str(job)), 2)
+    line = _one_error_line(cli("run", str(job)), 2)
     assert line == f"error: job file '{job}' does not define build(env)"
 
 
@@ -118,7 +99,7 @@ def test_missing_job_file_and_missing_build(tmp_path: Path) -> None:
     (["nosuchcommand"], "error: No such command 'nosuchcommand'"),
 ])
 def test_bad_options_are_one_line_usage_errors(args: list[str], message: str) -> None:
-    assert _one_error_line(_cli(*args), 2).startswith(message)
+    assert _one_error_line(cli(*args), 2).startswith(message)
 
 
 # -- eddyflow run: the job ------------------------------------------------------------
@@ -133,7 +114,7 @@ def test_a_job_that_fails_while_running_exits_1(tmp_path: Path) -> None:
                 .map(lambda x: 10 // x).name("divide")
                 .sink_to(ef.ListSink()))
         """)
-    line = _one_error_line(_cli("run", str(job)), 1)
+    line = _one_error_line(cli("run", str(job)), 1)
     assert line == ("error: job 'divide' failed: operator 'divide' (subtask 1 of 1) raised "
                     "ZeroDivisionError: integer division or modulo by zero; on record 0; read "
                     "from source 'numbers' (subtask 1 of 1) at index 2")
@@ -149,59 +130,40 @@ def test_a_multi_line_exception_message_stays_on_one_line(tmp_path: Path) -> Non
         def build(env):
             env.from_collection([1]).map(fail).name("fail").sink_to(ef.ListSink())
         """)
-    line = _one_error_line(_cli("run", str(job)), 1)
+    line = _one_error_line(cli("run", str(job)), 1)
     assert "raised ValueError: first line | second line" in line
 
 
 def test_restore_from_a_checkpoint_that_does_not_exist(tmp_path: Path) -> None:
-    job = _job(tmp_path)
-    line = _one_error_line(_cli("run", str(job), "--restore", str(tmp_path / "chk" / "chk-9")),
+    job = word_job(tmp_path)
+    line = _one_error_line(cli("run", str(job), "--restore", str(tmp_path / "chk" / "chk-9")),
                            2)
     assert line == (f"error: cannot run job 'words': cannot restore from "
                     f"{tmp_path / 'chk' / 'chk-9'}: {tmp_path / 'chk' / 'chk-9'}: no such "
                     f"checkpoint")
-    line = _one_error_line(_cli("run", str(job), "--restore", str(tmp_path)), 2)
+    line = _one_error_line(cli("run", str(job), "--restore", str(tmp_path)), 2)
     assert "expected 'latest' or a chk-<n> folder" in line
 
 
-def _run_ok(job: Path) -> list[ef.CheckpointInfo]:
-    result = _cli("run", str(job))
-    assert result.exit_code == 0, result.stderr
-    infos = ef.list_checkpoints(job.parent / "chk")
-    assert infos
-    return infos
 
-
-def _corrupt(path: str) -> None:
-    with open(path, "r+b") as f:
-        f.seek(10)
-        byte = f.read(1)
-        f.seek(10)
-        f.write(bytes([byte[0] ^ 0xFF]))
-
-
-def _state_file(info: ef.CheckpointInfo) -> str:
-    keyed = info.meta.operators["count"].subtasks[0].keyed
-    assert keyed is not None
-    return os.path.join(os.path.dirname(info.path), keyed.file_handles()[-1].path)
 
 
 def test_restore_from_a_corrupt_checkpoint(tmp_path: Path) -> None:
-    job = _job(tmp_path)
-    last = _run_ok(job)[-1]
-    state = _state_file(last)
-    _corrupt(state)
-    line = _one_error_line(_cli("run", str(job), "--restore", last.path), 2)
+    job = word_job(tmp_path)
+    last = run_ok(job)[-1]
+    state = state_file(last)
+    corrupt(state)
+    line = _one_error_line(cli("run", str(job), "--restore", last.path), 2)
     assert line == f"error: cannot run job 'words': cannot restore from {last.path}: " \
                    f"{state}: checksum mismatch"
 
 
 def test_restore_when_a_committed_sink_file_is_gone(tmp_path: Path) -> None:
-    job = _job(tmp_path)
-    last = _run_ok(job)[-1]
+    job = word_job(tmp_path)
+    last = run_ok(job)[-1]
     for name in os.listdir(tmp_path / "out"):
         os.unlink(tmp_path / "out" / name)
-    line = _one_error_line(_cli("run", str(job), "--restore", last.path), 2)
+    line = _one_error_line(cli("run", str(job), "--restore", last.path), 2)
     assert line.startswith(f"error: cannot run job 'words': cannot restore sink 'out' from "
                            f"{last.path}: FileNotFoundError: FileSink "), line
     assert "is missing and was never committed" in line
@@ -217,7 +179,7 @@ def test_debug_shows_the_traceback(tmp_path: Path, where: str) -> None:
             raise RuntimeError("no input configured")
         """)
     args = ["--debug", "run", str(job)] if where == "before" else ["run", str(job), "--debug"]
-    result = _cli(*args)
+    result = cli(*args)
     assert result.exit_code == 2
     assert "Traceback (most recent call last)" in result.stderr
     assert 'raise RuntimeError("no input configured")' in result.stderr
@@ -240,9 +202,9 @@ def test_the_console_script_prints_one_line(tmp_path: Path) -> None:
 
 
 def test_checkpoints_usage_errors(tmp_path: Path) -> None:
-    line = _one_error_line(_cli("checkpoints", str(tmp_path / "none")), 2)
+    line = _one_error_line(cli("checkpoints", str(tmp_path / "none")), 2)
     assert line == f"error: '{tmp_path / 'none'}' is not a directory"
-    line = _one_error_line(_cli("checkpoints", str(tmp_path), "--show", "3"), 2)
+    line = _one_error_line(cli("checkpoints", str(tmp_path), "--show", "3"), 2)
     assert line == f"error: no completed checkpoint 3 in {tmp_path} (completed: none)"
 
 
@@ -250,15 +212,15 @@ def test_checkpoint_folder_of_a_live_job_is_refused(tmp_path: Path) -> None:
     from eddyflow.state.lock import FolderLock
 
     with FolderLock(tmp_path / "chk", "other"):
-        line = _one_error_line(_cli("run", str(_job(tmp_path))), 2)
+        line = _one_error_line(cli("run", str(word_job(tmp_path))), 2)
     assert f"in use by process {os.getpid()} (job 'other')" in line
     assert not (tmp_path / "out").exists()  # refused before anything ran
 
 
 def test_restore_refused_when_no_checkpoint_verifies(tmp_path: Path) -> None:
-    job = _job(tmp_path)
-    assert _cli("run", str(job)).exit_code == 0
+    job = word_job(tmp_path)
+    assert cli("run", str(job)).exit_code == 0
     for meta in (tmp_path / "chk").glob("chk-*/_metadata"):
         meta.write_bytes(meta.read_bytes()[:-10])
-    line = _one_error_line(_cli("run", str(job), "--restore", "latest"), 2)
+    line = _one_error_line(cli("run", str(job), "--restore", "latest"), 2)
     assert "no checkpoint in" in line and "restore=None" in line
