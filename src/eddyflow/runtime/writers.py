@@ -189,6 +189,17 @@ class KeyGroupWriter(RecordWriter):
             self._cache[k] = c
         return c
 
+    def _routed(self, span: Span | None) -> bool:
+        """After records were routed: widen the spans of the buffers that
+        hold some, and say whether one is full."""
+        size = self.batch_size
+        for buf in self.buffers:
+            if buf:
+                buf.span = merge_span(buf.span, span)
+                if len(buf) >= size:
+                    self.full = True
+        return self.full
+
     def _add_timestamped(self, records: list[Any], span: Span | None,
                          timestamps: list[Any] | None) -> bool:
         """``add`` for records with timestamps: each goes with its record."""
@@ -213,13 +224,7 @@ class KeyGroupWriter(RecordWriter):
                 stamps[c](ts[i])
         except Exception as exc:
             raise KeyRoutingError(i, records[i] if i < len(records) else None) from exc
-        size = self.batch_size
-        for buf in self.buffers:
-            if buf:
-                buf.span = merge_span(buf.span, span)
-                if len(buf) >= size:
-                    self.full = True
-        return self.full
+        return self._routed(span)
 
     def add(self, records: list[Any], span: Span | None,
             timestamps: list[Any] | None = None) -> bool:
@@ -248,10 +253,4 @@ class KeyGroupWriter(RecordWriter):
                 appends[c](r)
         except Exception as exc:
             raise KeyRoutingError(i, records[i] if i < len(records) else None) from exc
-        size = self.batch_size
-        for buf in self.buffers:
-            if buf:
-                buf.span = merge_span(buf.span, span)
-                if len(buf) >= size:
-                    self.full = True
-        return self.full
+        return self._routed(span)
