@@ -7,6 +7,7 @@ backends the exactly-once suites run against (``StateBackendFactory``; the
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections.abc import Coroutine
@@ -109,3 +110,14 @@ def keyed_backends(info: ef.CheckpointInfo, operator: str) -> set[str]:
     the job."""
     return {part["keyed"]["backend"] for part in info.operators[operator]["subtasks"].values()
             if part.get("keyed")}
+
+
+def read_parts(folder: Path) -> list[tuple[Any, ...]]:
+    """The records committed to a ``FileSink`` folder (its ``part-*`` files
+    only), each JSON list as a tuple."""
+    out: list[tuple[Any, ...]] = []
+    for name in sorted(os.listdir(folder)):
+        if name.startswith("part-"):
+            with open(folder / name, encoding="utf-8") as f:
+                out.extend(tuple(json.loads(line)) for line in f)
+    return out

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from job_support import StateBackendFactory, keyed_backends
+from job_support import StateBackendFactory, keyed_backends, read_parts
 
 import eddyflow as ef
 from eddyflow.runtime import faults
@@ -122,14 +122,6 @@ def run(env: ef.StreamEnvironment, restore: str | None = None,
         return await asyncio.wait_for(env.execute_async("recovery", restore=restore), timeout)
     return asyncio.run(go())
 
-
-def read_parts(folder: Path) -> list[Any]:
-    out: list[Any] = []
-    for name in sorted(os.listdir(folder)):
-        if name.startswith("part-"):
-            with open(folder / name, encoding="utf-8") as f:
-                out.extend(tuple(json.loads(line)) for line in f)
-    return out
 
 
 def assert_exactly_once(got: list[Any]) -> None:

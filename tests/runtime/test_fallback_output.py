@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from job_support import Pace
+from job_support import Pace, read_parts
 
 import eddyflow as ef
 
@@ -53,17 +53,11 @@ def run(env: ef.StreamEnvironment, restore: str | None = None) -> ef.JobResult:
     return asyncio.run(go())
 
 
-def committed(folder: Path) -> Counter[tuple[str, int]]:
-    out: Counter[tuple[str, int]] = Counter()
-    for name in os.listdir(folder):
-        if name.startswith("part-"):
-            for line in (folder / name).read_text(encoding="utf-8").splitlines():
-                key, n = json.loads(line)
-                out[(key, n)] += 1
-    return out
+def committed(folder: Path) -> Counter[tuple[Any, ...]]:
+    return Counter(read_parts(folder))
 
 
-def assert_exact(got: Counter[tuple[str, int]]) -> None:
+def assert_exact(got: Counter[tuple[Any, ...]]) -> None:
     lost, dup = EXPECTED - got, got - EXPECTED
     assert not lost and not dup, (f"{sum(lost.values())} lost, {sum(dup.values())} "
                                   f"duplicated (e.g. {sorted(dup)[:3]})")

@@ -24,9 +24,7 @@ starts). ``eddyflow run --allow-non-restored-state`` passes the flag on.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
 import textwrap
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -35,7 +33,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from job_support import Pace
+from job_support import Pace, read_parts
 
 import eddyflow as ef
 from eddyflow.cli.main import main
@@ -125,14 +123,6 @@ def crash(directory: Path, sink: ef.Sink | None = None, **job: Any) -> ef.Checkp
 def source_position(info: ef.CheckpointInfo, uid: str) -> int:
     return int(info.operators[uid]["subtasks"]["0"]["source"])
 
-
-def read_parts(folder: Path) -> list[Any]:
-    out: list[Any] = []
-    for name in sorted(os.listdir(folder)):
-        if name.startswith("part-"):
-            with open(folder / name, encoding="utf-8") as f:
-                out.extend(tuple(json.loads(line)) for line in f)
-    return out
 
 
 def dropped_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
