@@ -16,14 +16,13 @@ items that cannot be copied either (modules, say) are shared, with a warning.
 from __future__ import annotations
 
 import copy
-import itertools
 import logging
 import pickle
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from eddyflow.connectors.source import Source, SourceReader
-from eddyflow.values import CONTAINERS, SCALARS
+from eddyflow.values import immutable
 
 __all__ = ["CollectionSource"]
 
@@ -31,21 +30,6 @@ log = logging.getLogger("eddyflow")
 
 #: Records per pickled chunk: a reader that seeks unpickles from one chunk on.
 _CHUNK = 4096
-
-
-def _immutable(items: Sequence[Any]) -> bool:
-    """Whether every item is an immutable value (checked level by level of
-    nested tuples, at C speed where a level holds only tuples)."""
-    level: Iterable[Any] = items
-    while True:
-        types = set(map(type, level))
-        if types <= SCALARS:
-            return True
-        if not types <= SCALARS | CONTAINERS:
-            return False
-        containers = (level if types <= CONTAINERS
-                      else [x for x in level if type(x) in CONTAINERS])
-        level = list(itertools.chain.from_iterable(containers))
 
 
 class CollectionSource(Source):
@@ -59,7 +43,7 @@ class CollectionSource(Source):
         seq: Sequence[Any] = items if isinstance(items, list | tuple) else list(items)
         self._n = len(seq)
         self._shared = self._chunks = self._copies = None
-        if _immutable(seq):
+        if immutable(seq):
             self._shared = seq
             return
         try:

@@ -65,6 +65,7 @@ from eddyflow.runtime.writers import KeyRoutingError, RecordWriter
 from eddyflow.state.abc import SnapshotTarget
 from eddyflow.state.serialization import find_unpicklable, reason_of, record_text
 from eddyflow.state.storage import FileHandle, checkpoint_dir_name
+from eddyflow.values import immutable, independent_copy
 
 if TYPE_CHECKING:
     from eddyflow.runtime.coordinator import CheckpointCoordinator
@@ -191,6 +192,7 @@ class Task(EventTime):
         self.buffer_timeout = buffer_timeout
         self.records_read = 0
         self._dirty_since = 0.0
+        self._warned_sharing = False
         self.finished = False
         self._closed = False
         self._snapshots: dict[int, dict[str, OperatorSnapshot | None]] = {}
@@ -231,9 +233,15 @@ class Task(EventTime):
                     timestamps: list[Any] | None = None) -> None:
         if not records:
             return
-        for w in self.writers:
+        given = records
+        for j, w in enumerate(self.writers):
+            if j:
+                # Several consumers (a stream split by filters, say) must not
+                # share mutable records: one would see what another's user
+                # code changed in place, and when depends on scheduling.
+                given = self._for_another_consumer(records, given)
             try:
-                w.add(records, span, timestamps)
+                w.add(given, span, timestamps)
             except KeyRoutingError as exc:
                 raise self._routing_failure(exc, w, stages_in) from exc.__cause__
             tracker = w.tracker
@@ -244,6 +252,22 @@ class Task(EventTime):
                 await w.send_full()
         if not self._dirty_since:
             self._dirty_since = time.monotonic()
+
+    def _for_another_consumer(self, records: list[Any], last: list[Any]) -> list[Any]:
+        """``records`` for one more consumer: themselves if immutable, else
+        a copy (Flink hands each output its own copy too, unless object
+        reuse is on). ``last``: what the previous writer got."""
+        if last is records and immutable(records):
+            return records
+        copied = independent_copy(records)
+        if copied is not None:
+            return copied
+        if not self._warned_sharing:
+            self._warned_sharing = True
+            _log.warning("task %s: records that can be neither pickled nor copied go to "
+                         "several consumers as the same objects; a change one makes in "
+                         "place, another sees", self.name)
+        return records
 
     async def _flush(self) -> None:
         for w in self.writers:

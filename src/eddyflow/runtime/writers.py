@@ -22,6 +22,7 @@ from typing import Any
 from eddyflow.keygroups import stable_hash, subtask_for_key_group
 from eddyflow.runtime.channel import Channel
 from eddyflow.runtime.events import RecordBatch, Span, merge_span
+from eddyflow.values import immutable, independent_copy
 
 __all__ = [
     "BroadcastWriter",
@@ -145,10 +146,18 @@ class BroadcastWriter(RecordWriter):
     def add(self, records: list[Any], span: Span | None,
             timestamps: list[Any] | None = None) -> bool:
         size = self.batch_size
-        for buf in self.buffers:
+        # Each downstream subtask gets records of its own (a change one
+        # makes in place must not show in another's), unless they cannot
+        # change: the first gets the originals.
+        own = immutable(records)
+        for j, buf in enumerate(self.buffers):
+            recs = records
+            if j and not own:
+                copied = independent_copy(records)
+                recs = records if copied is None else copied
             if timestamps is not None or buf.timestamps is not None:
-                _extend_timestamps(buf, timestamps, len(records))
-            buf.extend(records)
+                _extend_timestamps(buf, timestamps, len(recs))
+            buf.extend(recs)
             buf.span = merge_span(buf.span, span)
             if len(buf) >= size:
                 self.full = True
