@@ -29,12 +29,26 @@ from eddyflow.runtime.operators import (
     SinkSpec,
 )
 from eddyflow.runtime.watermarks import AssignTimestampsSpec
+from eddyflow.runtime.windows import MainOutputSpec, SideOutputSpec, WindowSpec
+from eddyflow.windowing.functions import (
+    AggregateAdapter,
+    AggregateFunction,
+    CountAdapter,
+    ProcessAdapter,
+    ProcessWindowFunction,
+    ReduceAdapter,
+    SumAdapter,
+    WindowAdapter,
+    check_window_function,
+)
+from eddyflow.windowing.lifecycle import check_allowed_lateness
 from eddyflow.windowing.watermarks import WatermarkStrategy
+from eddyflow.windowing.windows import OutputTag, WindowAssigner
 
 if TYPE_CHECKING:
     from eddyflow.environment import StreamEnvironment
 
-__all__ = ["DataStream", "IterativeStream", "KeyedStream"]
+__all__ = ["DataStream", "IterativeStream", "KeyedStream", "WindowedDataStream", "WindowedStream"]
 
 _Input = tuple[int, Partitioning, Callable[[Any], Any] | None]
 
@@ -300,6 +314,120 @@ class KeyedStream(DataStream):
                 )
             return KeyedProcessSpec(self.key_fn, fn)
         return self._keyed("process", make)
+
+    def window(self, assigner: WindowAssigner) -> WindowedStream:
+        """Group each key's records into windows (``ef.TumblingEventTimeWindows``,
+        ``SlidingEventTimeWindows``, ``EventTimeSessionWindows``,
+        ``TumblingProcessingTimeWindows``); finish with ``reduce``,
+        ``aggregate``, ``sum``, ``count`` or ``process``."""
+        if not isinstance(assigner, WindowAssigner):
+            raise TypeError(f"window after '{self._describe()}' needs a window assigner such "
+                            f"as ef.TumblingEventTimeWindows(60.0), got {assigner!r:.100}")
+        return WindowedStream(self, assigner)
+
+
+class WindowedStream:
+    """``key_by(...).window(assigner)``: set ``allowed_lateness`` and
+    ``side_output_late_data``, then apply the window function (API.md)."""
+
+    def __init__(self, keyed: KeyedStream, assigner: WindowAssigner) -> None:
+        self._keyed_stream = keyed
+        self._assigner = assigner
+        self._lateness = 0.0
+        self._late_tag: OutputTag | None = None
+
+    def allowed_lateness(self, seconds: float) -> WindowedStream:
+        """Keep each window this long after it fired: a late record within it
+        fires the window again, with the updated result (event time only)."""
+        seconds = check_allowed_lateness(seconds)
+        if seconds and not self._assigner.is_event_time:
+            raise ValueError(f"allowed_lateness: {type(self._assigner).__name__} are "
+                             "processing-time windows, where no record is late")
+        self._lateness = seconds
+        return self
+
+    def side_output_late_data(self, tag: OutputTag) -> WindowedStream:
+        """Send records too late for all their windows to the side output
+        ``tag`` (read it with ``get_side_output(tag)``) instead of dropping them."""
+        if not isinstance(tag, OutputTag):
+            raise TypeError(f"side_output_late_data needs an ef.OutputTag, got {tag!r:.100}")
+        self._late_tag = tag
+        return self
+
+    def _apply(self, adapter: WindowAdapter) -> WindowedDataStream:
+        check_window_function(adapter, self._assigner)
+        keyed = self._keyed_stream
+        tag = self._late_tag
+        spec = WindowSpec(keyed.key_fn, self._assigner, adapter, self._lateness,
+                          None if tag is None else tag.name)
+        detail = f"{type(self._assigner).__name__}.{adapter.method}"
+        node = keyed._add("window", spec, detail=detail, keyed=True)
+        return WindowedDataStream(keyed._env, node, tag)
+
+    def reduce(self, fn: Callable[[Any, Any], Any]) -> WindowedDataStream:
+        """``fn(a, b)`` folds a window's records; emits ``ef.WindowResult``."""
+        return self._apply(ReduceAdapter(fn))
+
+    def aggregate(self, agg: AggregateFunction) -> WindowedDataStream:
+        """An ``ef.AggregateFunction`` per window (one accumulator each)."""
+        return self._apply(AggregateAdapter(agg))
+
+    def sum(self, value_fn: Callable[[Any], Any] = _second) -> WindowedDataStream:
+        """The sum of ``value_fn(record)`` per window."""
+        return self._apply(SumAdapter(value_fn))
+
+    def count(self) -> WindowedDataStream:
+        """The number of records per window."""
+        return self._apply(CountAdapter())
+
+    def process(self, fn: ProcessWindowFunction) -> WindowedDataStream:
+        """``fn.process(key, window, elements)`` yields a window's outputs."""
+        return self._apply(ProcessAdapter(fn))
+
+
+class WindowedDataStream(DataStream):
+    """The results of a window operator: ``name``/``set_parallelism`` apply
+    to the window operator; ``get_side_output(tag)`` reads its late records."""
+
+    def __init__(self, env: StreamEnvironment, node: Node, tag: OutputTag | None) -> None:
+        self._window_node = node
+        self._tag = tag
+        self._selects: list[Node] = []
+        inputs: tuple[_Input, ...] = ((node.id, Partitioning.DEFAULT, None),)
+        if tag is not None:
+            # The operator's outputs mix results and wrapped late records:
+            # what reads this stream reads only the results.
+            main = self._select("main_output", MainOutputSpec(), env)
+            inputs = ((main.id, Partitioning.DEFAULT, None),)
+        super().__init__(env, inputs, node)
+
+    def _select(self, kind: str, spec: Any, env: StreamEnvironment | None = None) -> Node:
+        graph = (env or self._env)._graph
+        source = self._window_node
+        node = graph.add_node(kind, spec, inputs=[(source.id, Partitioning.DEFAULT)],
+                              parallelism=source.parallelism)
+        graph.add_edge(source.id, node.id, Partitioning.DEFAULT)
+        self._selects.append(node)
+        return node
+
+    def set_parallelism(self, n: int) -> DataStream:
+        super().set_parallelism(n)
+        for node in self._selects:  # they chain to the window operator
+            node.parallelism = n
+        return self
+
+    def get_side_output(self, tag: OutputTag) -> DataStream:
+        """The records the window operator sent to ``tag`` (late data)."""
+        if not isinstance(tag, OutputTag):
+            raise TypeError(f"get_side_output needs an ef.OutputTag, got {tag!r:.100}")
+        if tag != self._tag:
+            declared = "none" if self._tag is None else repr(self._tag.name)
+            raise ValueError(
+                f"operator '{self._window_node.uid}' has no side output {tag.name!r} "
+                f"(declared: {declared}); call side_output_late_data({tag!r}) before the "
+                "window function")
+        node = self._select("side_output", SideOutputSpec(tag))
+        return DataStream(self._env, ((node.id, Partitioning.DEFAULT, None),), node)
 
 
 class IterativeStream(DataStream):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from eddyflow.windowing.windows import TimeWindow
 
-__all__ = ["MergeResult", "add_window", "merge_windows"]
+__all__ = ["MergeResult", "add_window", "merge_bounds", "merge_windows"]
 
 
 def merge_windows(windows: Iterable[TimeWindow]) -> list[tuple[TimeWindow, list[TimeWindow]]]:
@@ -88,3 +88,18 @@ def add_window(current: Iterable[TimeWindow], new: TimeWindow) -> MergeResult:
             members = tuple(w for w in group if w in previous)
     assert window is not None  # ``new`` is in exactly one group
     return MergeResult(window, members, tuple(result_windows))
+
+
+def merge_bounds(current: list[tuple[float, float]], new: tuple[float, float]
+                 ) -> tuple[tuple[float, float], tuple[tuple[float, float], ...]]:
+    """``add_window`` on ``(start, end)`` pairs, for the window operator's
+    hot path: ``(window, members)`` as in ``MergeResult``, without building
+    the key's resulting windows. One pass is enough: the key's windows are
+    pairwise non-intersecting, so a window meeting the cover of ``new`` and
+    its members would meet one of the members (or ``new``) itself."""
+    start, end = new
+    members = sorted(w for w in current if w[0] <= end and start <= w[1])
+    if members:
+        start = min(start, members[0][0])
+        end = max(end, max(w[1] for w in members))
+    return (start, end), tuple(members)

@@ -31,6 +31,7 @@ __all__ = [
     "TumblingProcessingTimeWindows",
     "WindowAssigner",
     "WindowResult",
+    "window_index",
 ]
 
 
@@ -129,7 +130,7 @@ def _check_offset(owner: str, offset: Any, period: float, period_name: str) -> f
     return value
 
 
-def _index(timestamp: float, offset: float, period: float) -> int:
+def window_index(timestamp: float, offset: float, period: float) -> int:
     """The k with ``offset + k*period <= timestamp < offset + (k+1)*period``,
     computed on the boundaries themselves (division alone can be one off
     in floating point: 0.3 / 0.1 is 2.9999999999999996)."""
@@ -155,7 +156,7 @@ class _Tumbling(WindowAssigner):
 
     def assign(self, timestamp: float) -> list[TimeWindow]:
         size, offset = self.size, self.offset
-        k = _index(timestamp, offset, size)
+        k = window_index(timestamp, offset, size)
         return [TimeWindow(offset + k * size, offset + (k + 1) * size)]
 
 
@@ -196,7 +197,7 @@ class SlidingEventTimeWindows(WindowAssigner):
 
     def assign(self, timestamp: float) -> list[TimeWindow]:
         size, slide, offset = self.size, self.slide, self.offset
-        k = _index(timestamp, offset, slide)   # the last window starting at or before t
+        k = window_index(timestamp, offset, slide)   # the last window starting at or before t
         windows: list[TimeWindow] = []
         while True:
             start = offset + k * slide
