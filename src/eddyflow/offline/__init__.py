@@ -16,6 +16,8 @@ from eddyflow.offline.readers import (
     read_metadata,
     read_positions,
     read_state,
+    read_timers,
+    read_windows,
     state_rdd,
 )
 from eddyflow.offline.replay import ReplayError, replay_split
@@ -30,6 +32,8 @@ __all__ = [
     "read_metadata",
     "read_positions",
     "read_state",
+    "read_timers",
+    "read_windows",
     "replay_split",
     "spark_session",
     "state_rdd",

@@ -29,6 +29,7 @@ source (only a checkpoint's back-edge logs) evaluates only what those reach.
 from __future__ import annotations
 
 import collections
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +52,8 @@ from eddyflow.runtime.operators import (
     OperatorContext,
     SinkSpec,
 )
+from eddyflow.runtime.watermarks import AssignTimestampsSpec
+from eddyflow.runtime.windows import MainOutputSpec, SideOutputSpec, SideRecord, WindowSpec
 from eddyflow.state.memory import MemoryStateBackend
 
 __all__ = ["MAX_ROUNDS", "Evaluation", "evaluate"]
@@ -64,8 +67,17 @@ LOCAL_LIMIT = 200_000
 MAX_ROUNDS = 10_000
 
 KEYED_SPECS = (KeyedCountSpec, KeyedReduceSpec, KeyedSumSpec, MapWithStateSpec,
-               KeyedProcessSpec)
-STATELESS_SPECS = (MapSpec, FilterSpec, FlatMapSpec, IterationHeadSpec)
+               KeyedProcessSpec, WindowSpec)
+STATELESS_SPECS = (MapSpec, FilterSpec, FlatMapSpec, IterationHeadSpec, AssignTimestampsSpec,
+                   MainOutputSpec, SideOutputSpec)
+
+#: A keyed operator's event time at the checkpoint: ``(key groups of an old
+#: subtask, its watermark)`` for each old subtask that recorded one.
+Watermarks = list[tuple[range, float]]
+
+#: Tags of what event-time operators emit when the replay advances their
+#: watermark: after every record's (tags start with a source node id).
+_FIRED = 1 << 62
 
 RDD = Any  # pyspark.RDD, untyped
 
@@ -85,29 +97,51 @@ class Evaluation:
 
 
 def _stateless(spec: Any) -> Callable[[Iterable[Any]], Iterator[Any]]:
+    """Items are ``(tag, record)``, or ``(tag, record, timestamp)`` once a
+    timestamp assigner has run: the one-to-one operators keep the
+    timestamp, as in the streaming run."""
     if isinstance(spec, MapSpec):
         fn = spec.fn
 
         def run_map(items: Iterable[Any]) -> Iterator[Any]:
-            for tag, r in items:
-                yield tag, fn(r)
+            for item in items:
+                yield (item[0], fn(item[1]), *item[2:])
         return run_map
     if isinstance(spec, FilterSpec):
         pred = spec.fn
 
         def run_filter(items: Iterable[Any]) -> Iterator[Any]:
-            for tag, r in items:
-                if pred(r):
-                    yield tag, r
+            for item in items:
+                if pred(item[1]):
+                    yield item
         return run_filter
     if isinstance(spec, FlatMapSpec):
         many = spec.fn
 
         def run_flat_map(items: Iterable[Any]) -> Iterator[Any]:
-            for tag, r in items:
-                for i, out in enumerate(many(r)):
-                    yield (*tag, i), out
+            for item in items:
+                for i, out in enumerate(many(item[1])):
+                    yield ((*item[0], i), out, *item[2:])
         return run_flat_map
+    if isinstance(spec, AssignTimestampsSpec):
+        extract = spec.strategy.timestamp
+
+        def run_stamp(items: Iterable[Any]) -> Iterator[Any]:
+            for item in items:
+                yield item[0], item[1], extract(item[1])
+        return run_stamp
+    if isinstance(spec, MainOutputSpec | SideOutputSpec):
+        tag = spec.tag.name if isinstance(spec, SideOutputSpec) else None
+
+        def run_select(items: Iterable[Any]) -> Iterator[Any]:
+            for item in items:
+                r = item[1]
+                side = type(r) is SideRecord
+                if tag is None and not side:
+                    yield item
+                elif tag is not None and side and r.tag == tag:
+                    yield (item[0], r.value, *item[2:])
+        return run_select
     assert isinstance(spec, IterationHeadSpec)
     return iter
 
@@ -115,67 +149,112 @@ def _stateless(spec: Any) -> Callable[[Iterable[Any]], Iterator[Any]]:
 def _key_records(key_fn: Callable[[Any], Any], max_parallelism: int
                  ) -> Callable[[Iterable[Any]], Iterator[Any]]:
     def run(items: Iterable[Any]) -> Iterator[Any]:
-        for tag, r in items:
+        for item in items:
+            r = item[1]
             k = key_fn(r)
-            yield key_group_for(k, max_parallelism), ("r", k, tag, r)
+            yield key_group_for(k, max_parallelism), (
+                "r", k, item[0], r, item[2] if len(item) > 2 else None)
     return run
 
 
-def _keyed(spec: Any, uid: str, max_parallelism: int, want_outputs: bool
-           ) -> Callable[[Iterable[Any]], Iterator[Any]]:
+def _watermark_of(watermarks: Watermarks, kg: int) -> float:
+    for groups, w in watermarks:
+        if kg in groups:
+            return w
+    return -math.inf
+
+
+def _keyed(spec: Any, uid: str, max_parallelism: int, want_outputs: bool,
+           watermarks: Watermarks | None = None) -> Callable[[Iterable[Any]], Iterator[Any]]:
     """One Spark partition of a keyed operator: restore the partition's
     state, fold each key's records in tag order, emit the outputs (``("o",
-    tag, record)``) and the final state (``("s", key_group, (state, key,
-    value))``)."""
+    tag, record, timestamp)``) and the final state (``("s", key_group,
+    (state, key, value))``).
+
+    Event time: each record is handled under the watermark ``-inf`` (none is
+    late), then the watermark advances to what the checkpoint recorded for
+    the key's group (``watermarks``), firing the timers and windows it had
+    fired. That is the streaming run's state when no record reached the
+    operator behind its watermark. A record that did (dropped as late, or
+    joining a window again within the allowed lateness) changes only
+    windows the watermark has purged since, except a session it would join
+    to a purged one (its key then shows as a mismatch); a process function
+    whose state depends on whether a timer fired before a later record
+    cannot be replayed exactly either."""
 
     def run(items: Iterable[Any]) -> Iterator[Any]:
+        by_group: dict[float, tuple[list[Any], dict[Any, list[Any]]]] = {}
         kinds: dict[str, str] = {}
-        restored: list[tuple[str, Any, Any]] = []
-        by_key: dict[Any, list[tuple[tuple[int, ...], Any]]] = collections.defaultdict(list)
         # Every key arrives with its key group (records and restored state
         # alike): kept, so that the state written out is not hashed again.
         group_of: dict[Any, int] = {}
         for kg, item in items:
+            w = -math.inf if watermarks is None else _watermark_of(watermarks, kg)
+            group = by_group.get(w)
+            if group is None:
+                group = by_group[w] = ([], collections.defaultdict(list))
+            restored, by_key = group
             if item[0] == "r":
-                by_key[item[1]].append((item[2], item[3]))
+                by_key[item[1]].append((item[2], item[3], item[4]))
                 group_of[item[1]] = kg
             else:
                 _, name, kind, key, value = item
                 kinds[name] = kind
                 restored.append((name, key, value))
                 group_of[key] = kg
-        ctx = OperatorContext(uid, 0, 1, max_parallelism, MemoryStateBackend())
-        op = spec.instantiate(ctx)
-        op.open()
-        try:
-            if restored:
+        fired = 0
+        # One operator per watermark: the timers of one group of keys must
+        # not fire at another's watermark.
+        for w, (restored, by_key) in sorted(by_group.items()):
+            ctx = OperatorContext(uid, 0, 1, max_parallelism, MemoryStateBackend())
+            op = spec.instantiate(ctx)
+            op.open()
+            try:
                 backend = getattr(op, "backend", None)
                 assert backend is not None
-                backend.restore(kinds, restored)
-            for recs in by_key.values():
-                recs.sort(key=lambda tr: tr[0])
-                if op.one_to_one:
-                    outs = op.process([r for _, r in recs])
-                    if want_outputs:
-                        for (tag, _), out in zip(recs, outs, strict=True):
-                            yield "o", tag, out
-                else:
-                    for tag, r in recs:
-                        for i, out in enumerate(op.process([r])):
+                if restored:
+                    backend.restore(kinds, restored)
+                    timers = getattr(op, "timers", None)
+                    if timers is not None:
+                        timers.rebuild()
+                for recs in by_key.values():
+                    recs.sort(key=lambda tr: tr[0])
+                    if any(ts is not None for _, _, ts in recs):
+                        for tag, r, ts in recs:
+                            outs, stamps = op.process_ts([r], [ts])
                             if want_outputs:
-                                yield "o", (*tag, i), out
-            backend = getattr(op, "backend", None)
-            assert backend is not None
-            kinds_now = backend.kinds
-            for name, table in backend.tables().items():
-                kind = kinds_now[name]
-                for key, value in table.items():
-                    kg = group_of.get(key)
-                    if kg is None:  # a key only the operator's own code made
-                        kg = key_group_for(key, max_parallelism)
-                    yield "s", kg, (name, kind, key, value)
-        finally:
-            op.close()
+                                for i, out in enumerate(outs):
+                                    yield ("o", (*tag, i), out,
+                                           None if stamps is None else stamps[i])
+                    elif op.one_to_one:
+                        outs = op.process([r for _, r, _ in recs])
+                        if want_outputs:
+                            for (tag, _, _), out in zip(recs, outs, strict=True):
+                                yield "o", tag, out, None
+                    else:
+                        for tag, r, _ in recs:
+                            for i, out in enumerate(op.process([r])):
+                                if want_outputs:
+                                    yield "o", (*tag, i), out, None
+                if w > op.watermark:
+                    op.watermark = w
+                    fire = op.on_watermark(w)
+                    stamps = getattr(fire, "timestamps", None)
+                    if want_outputs:
+                        for i, out in enumerate(fire):
+                            yield ("o", (_FIRED, fired), out,
+                                   None if stamps is None else stamps[i])
+                            fired += 1
+                kinds_now = backend.kinds
+                for name, table in backend.tables().items():
+                    kind = kinds_now[name]
+                    for key, value in table.items():
+                        kg = group_of.get(key)
+                        if kg is None:  # a key only the operator's own code made
+                            kg = key_group_for(key, max_parallelism)
+                        yield "s", kg, (name, kind, key, value)
+            finally:
+                op.close()
     return run
 
 
@@ -185,8 +264,8 @@ def _count_partial(key_fn: Callable[[Any], Any], max_parallelism: int
     needs: a word count's 10M words become one record per word and partition."""
     def run(items: Iterable[Any]) -> Iterator[Any]:
         counts: collections.Counter[Any] = collections.Counter()
-        for _, r in items:
-            counts[key_fn(r)] += 1
+        for item in items:
+            counts[key_fn(item[1])] += 1
         for k, n in counts.items():
             # Tagged like every item of the merge: a bare (key, n) whose key
             # is "s" once passed for restored state.
@@ -216,8 +295,10 @@ def _merge_counts(items: Iterable[Any]) -> Iterator[Any]:
 
 
 class _Evaluator:
-    def __init__(self, sc: Any, plan: ExecutionPlan, partitions: int) -> None:
+    def __init__(self, sc: Any, plan: ExecutionPlan, partitions: int,
+                 watermarks: dict[str, Watermarks]) -> None:
         self.sc = sc
+        self.watermarks = watermarks
         self.plan = plan
         self.graph = plan.graph
         self.mp = plan.max_parallelism
@@ -268,6 +349,9 @@ class _Evaluator:
         if not isinstance(spec, KEYED_SPECS):
             self.blocked(node_id, f"cannot replay a {type(spec).__name__} in batch")
             return None, None
+        if isinstance(spec, WindowSpec) and not spec.assigner.is_event_time:
+            self.blocked(node_id, "processing-time windows depend on the wall clock")
+            return None, None
         restored = None
         if state is not None:
             restored = state.map(lambda kv: (kv[0], ("s", *kv[1])))
@@ -281,13 +365,19 @@ class _Evaluator:
                 self.partitions, _identity).mapPartitions(_merge_counts, True)
         keyed_in = inputs.mapPartitions(_key_records(spec.key_fn, self.mp))
         both = _union_of(self.union([keyed_in, restored])).partitionBy(self.partitions, _identity)
-        run = both.mapPartitions(_keyed(spec, node.uid, self.mp, want), True)
+        run = both.mapPartitions(
+            _keyed(spec, node.uid, self.mp, want, self.watermarks.get(node.uid)), True)
         if want:
             run = run.persist()
             self.persisted.append(run)
-        outputs = run.filter(lambda t: t[0] == "o").map(lambda t: (t[1], t[2])) if want else None
+        outputs = run.filter(lambda t: t[0] == "o").map(_output) if want else None
         states = run.filter(lambda t: t[0] == "s").map(lambda t: (t[1], t[2]))
         return outputs, states
+
+
+def _output(t: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``("o", tag, record, timestamp)`` as an item (the timestamp only if any)."""
+    return (t[1], t[2]) if t[3] is None else (t[1], t[2], t[3])
 
 
 def _union_of(rdd: RDD | None) -> RDD:
@@ -343,13 +433,15 @@ def evaluate(sc: Any, plan: ExecutionPlan, sources: dict[int, RDD], *,
              initial_state: dict[str, RDD] | None = None,
              feedback: dict[int, RDD] | None = None,
              unreplayed: dict[str, str] | None = None,
+             watermarks: dict[str, Watermarks] | None = None,
              partitions: int = 8) -> tuple[Evaluation, list[RDD]]:
     """Evaluate ``plan`` with the records of ``sources`` (node id -> tagged
     RDD), starting from ``initial_state`` (uid -> state RDD) and with
     ``feedback`` (loop head node id -> tagged RDD) entering the loops' heads
-    in their first round. Returns the evaluation and the RDDs it persisted
-    (unpersist them when done)."""
-    ev = _Evaluator(sc, plan, partitions)
+    in their first round; event-time operators end at ``watermarks`` (uid
+    -> key groups and watermark, what the checkpoint recorded). Returns the
+    evaluation and the RDDs it persisted (unpersist them when done)."""
+    ev = _Evaluator(sc, plan, partitions, dict(watermarks or {}))
     for uid, why in (unreplayed or {}).items():
         ev.blocked(plan.graph.node_by_uid(uid).id, why)
     initial = dict(initial_state or {})

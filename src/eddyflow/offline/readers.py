@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from eddyflow.offline.checkpoint import (
@@ -26,10 +27,12 @@ from eddyflow.offline.checkpoint import (
     read_keyed_file,
     read_verified_backedge_log,
 )
+from eddyflow.runtime.timers import TIMERS_STATE
+from eddyflow.runtime.windows import WINDOW_STATE
 from eddyflow.state.storage import FileHandle
 
 __all__ = ["as_text", "backedge_rdd", "read_backedge_log", "read_metadata", "read_positions",
-           "read_state", "state_rdd"]
+           "read_state", "read_timers", "read_windows", "state_rdd"]
 
 CheckpointLike = str | os.PathLike[str] | CheckpointRef
 
@@ -115,7 +118,11 @@ def state_rdd(sc: Any, chk: CheckpointLike, operator: str | None = None) -> Any:
 
 
 def read_state(spark: Any, chk: CheckpointLike, operator: str | None = None) -> Any:
-    """Keyed state: ``operator, subtask, key_group, key, state, value``."""
+    """Keyed state: ``operator, subtask, key_group, key, state, value``.
+    A window operator's windows are its map state ``_windows`` and every
+    operator's timers its map state ``_timers`` (one row per key here;
+    :func:`read_windows` and :func:`read_timers` give one per window and
+    per timer)."""
     from pyspark.sql import types as T
 
     rows = state_rdd(spark.sparkContext, chk, operator).map(
@@ -127,6 +134,60 @@ def read_state(spark: Any, chk: CheckpointLike, operator: str | None = None) -> 
         T.StructField("key", T.StringType(), True),
         T.StructField("state", T.StringType(), False),
         T.StructField("value", T.StringType(), True),
+    ])
+    return spark.createDataFrame(rows, schema)
+
+
+def _window_rows(t: tuple[int, tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
+    kg, (operator, subtask, name, kind, key, value) = t
+    if name == WINDOW_STATE and kind == "map" and isinstance(value, dict):
+        for (start, end), acc in sorted(value.items()):
+            yield (operator, subtask, kg, as_text(key), float(start), float(end), name,
+                   as_text(acc))
+
+
+def read_windows(spark: Any, chk: CheckpointLike, operator: str | None = None) -> Any:
+    """The open windows of window operators, one row per (key, window):
+    ``operator, subtask, key_group, key, window_start, window_end, state,
+    value`` (``value``: the window's accumulator — the running reduce,
+    sum, count or aggregate, or the elements for ``process``)."""
+    from pyspark.sql import types as T
+
+    rows = state_rdd(spark.sparkContext, chk, operator).flatMap(_window_rows)
+    schema = T.StructType([
+        T.StructField("operator", T.StringType(), False),
+        T.StructField("subtask", T.IntegerType(), False),
+        T.StructField("key_group", T.IntegerType(), False),
+        T.StructField("key", T.StringType(), True),
+        T.StructField("window_start", T.DoubleType(), False),
+        T.StructField("window_end", T.DoubleType(), False),
+        T.StructField("state", T.StringType(), False),
+        T.StructField("value", T.StringType(), True),
+    ])
+    return spark.createDataFrame(rows, schema)
+
+
+def _timer_rows(t: tuple[int, tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
+    kg, (operator, subtask, name, kind, key, value) = t
+    if name == TIMERS_STATE and kind == "map" and isinstance(value, dict):
+        for domain, at in sorted(value):
+            yield operator, subtask, kg, as_text(key), domain, float(at)
+
+
+def read_timers(spark: Any, chk: CheckpointLike, operator: str | None = None) -> Any:
+    """Registered timers (of process functions and window operators), one
+    row each: ``operator, subtask, key_group, key, domain, timestamp``
+    (``domain``: ``event`` or ``processing``)."""
+    from pyspark.sql import types as T
+
+    rows = state_rdd(spark.sparkContext, chk, operator).flatMap(_timer_rows)
+    schema = T.StructType([
+        T.StructField("operator", T.StringType(), False),
+        T.StructField("subtask", T.IntegerType(), False),
+        T.StructField("key_group", T.IntegerType(), False),
+        T.StructField("key", T.StringType(), True),
+        T.StructField("domain", T.StringType(), False),
+        T.StructField("timestamp", T.DoubleType(), False),
     ])
     return spark.createDataFrame(rows, schema)
 

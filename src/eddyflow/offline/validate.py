@@ -30,12 +30,14 @@ from typing import Any
 
 from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.jobfile import build_environment
+from eddyflow.keygroups import key_group_range
 from eddyflow.offline.checkpoint import CheckpointRef, open_checkpoint
 from eddyflow.offline.errors import spark_errors
-from eddyflow.offline.evaluate import KEYED_SPECS, evaluate
+from eddyflow.offline.evaluate import KEYED_SPECS, Watermarks, evaluate
 from eddyflow.offline.readers import as_text, backedge_rdd, state_rdd
 from eddyflow.offline.replay import replay_split
 from eddyflow.runtime.operators import SourceSpec
+from eddyflow.runtime.valve import decode_watermark
 
 __all__ = ["ValidationReport", "validate"]
 
@@ -96,6 +98,20 @@ def _replay(source: Any, uid: str, node_id: int, parallelism: int,
                 seq += 1
         counter.add(seq)
     return run
+
+
+def _watermarks(ref: CheckpointRef) -> dict[str, Watermarks]:
+    """Each operator's event time at the checkpoint, by the key groups of
+    the subtask that recorded it: the replay advances to it."""
+    mp = ref.meta.max_parallelism
+    out: dict[str, Watermarks] = {}
+    for uid, op in ref.meta.operators.items():
+        for s, part in sorted(op.subtasks.items()):
+            w = part.extra.get("watermark")
+            if w is not None:
+                out.setdefault(uid, []).append(
+                    (key_group_range(s, mp, op.parallelism), decode_watermark(w)))
+    return out
 
 
 def _compare(items: Iterable[Any]) -> Iterator[tuple[str | None, ...] | int]:
@@ -182,7 +198,8 @@ def _validate(spark: Any, chk: str | os.PathLike[str] | CheckpointRef, *,
 
     persisted: list[Any] = []
     try:
-        expected, kept = evaluate(sc, plan, sources, unreplayed=unreplayed, partitions=parts)
+        expected, kept = evaluate(sc, plan, sources, unreplayed=unreplayed,
+                                  watermarks=_watermarks(ref), partitions=parts)
         persisted += kept
         keyed_uids = sorted(u for u, op in meta_ops.items()
                             if any(p.keyed is not None for p in op.subtasks.values()))

@@ -8,7 +8,7 @@ functions act on, as keyed state of the operator's backend (memory or
 RocksDB), so that it is checkpointed, restored at any parallelism and read
 offline like any other keyed state:
 
-* ``window``: a map state; under each key, one entry per open window,
+* ``_windows``: a map state; under each key, one entry per open window,
   ``(start, end) -> accumulator`` (the adapter's accumulator: one value for
   ``reduce``/``aggregate``/``sum``/``count``, the tuple of elements for
   ``process``).
@@ -62,8 +62,8 @@ from eddyflow.windowing.windows import (
 
 __all__ = ["WINDOW_STATE", "MainOutputSpec", "SideOutputSpec", "SideRecord", "WindowSpec"]
 
-#: The map state windows are kept in.
-WINDOW_STATE = "window"
+#: The map state windows are kept in (reserved, as the timers' ``_timers``).
+WINDOW_STATE = "_windows"
 
 _INF = math.inf
 
