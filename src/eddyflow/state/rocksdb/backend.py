@@ -63,6 +63,7 @@ from eddyflow.state.rocksdb.tables import (
     rows_of,
 )
 from eddyflow.state.serialization import raise_state_error, state_error
+from eddyflow.state.ttl import base_kind
 from eddyflow.values import SCALARS
 
 __all__ = ["PickleSerializer", "RocksDBKeyedStateBackend", "RocksDBStateBackend"]
@@ -356,7 +357,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         table = self._rtables.get(name)
         if table is not None:
             return table
-        kind = self._kinds.get(name, "value")
+        kind = base_kind(self._kinds.get(name, "value"))
         limit = self.factory.cache_size
         mp = self.max_parallelism
         changes = self._changes[name] = Changes(True)
@@ -412,6 +413,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def snapshot(self, target: SnapshotTarget) -> KeyedSnapshot:
         self._check_open()
         try:
+            # Expired entries leave first, through the caches and overlays
+            # that the synchronous half flushes: the checkpoint deletes them.
+            self.expire_ttl()
             return self._strategy.snapshot(target)
         except StateSerializationError:
             self._store.unwritable = True
@@ -557,6 +561,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def restore(self, kinds: Mapping[str, str],
                 entries: Iterable[tuple[str, Any, Any]]) -> int:
         """Entries of another backend's checkpoint, through the caches."""
+        self._was_restored()
         for name, kind in kinds.items():
             self.declare(name, kind)
         self._not_fresh()
@@ -588,6 +593,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
     def restore_from(self, root: str, kinds: Mapping[str, str],
                      handles: list[KeyedStateHandle]) -> int:
+        self._was_restored()
         for name, kind in kinds.items():
             self.declare(name, kind)
         mine = [h for h in handles if h.backend == "rocksdb"]
@@ -690,7 +696,7 @@ class RocksStateView(Mapping[Any, Any]):
     def __getitem__(self, key: Any) -> Any:
         db = self._instance.reader()
         p = self._rows.prefix(key)
-        if self.kind not in ("map", "list"):
+        if base_kind(self.kind) not in ("map", "list"):
             raw = db.get(p)
             if raw is None:
                 raise KeyError(key)
