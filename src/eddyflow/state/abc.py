@@ -310,11 +310,22 @@ class KeyedStateBackend(ABC):
         """Index the entries restored into the states with a TTL (once after
         each restore; the operator calls it right after the restore, so that
         the first snapshot's barrier does not pay for it); how many."""
-        stale = [index for index in self._ttl.values() if index.stale]
+        stale = {index.name: index for index in self._ttl.values() if index.stale}
         if not stale:
             return 0
+        n = 0
+        for name, key, stored in self._stored_items(list(stale)):
+            n += stale[name].index_stored(key, stored)
+        for index in stale.values():
+            index.stale = False
+        return n
+
+    def _stored_items(self, names: list[str]) -> Iterator[tuple[str, Any, Any]]:
+        """``(state, key, stored value)`` of every key of the states ``names``."""
         tables = self.tables()
-        return sum(index.rebuild(tables[index.name].items()) for index in stale)
+        for name in names:
+            for key, stored in tables[name].items():
+                yield name, key, stored
 
     def _was_restored(self) -> None:
         """Entries are being restored: the expiry indexes must learn them."""

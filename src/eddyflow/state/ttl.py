@@ -244,25 +244,28 @@ class ExpiryIndex:
 
     def rebuild(self, items: Iterable[tuple[Any, Any]]) -> int:
         """Index every entry of ``items``, the state's ``(key, stored
-        value)`` pairs (after a restore); entries indexed already stay.
-        Returns how many entries were found."""
-        n = 0
-        note = self.written
-        for key, stored in items:
-            if self.kind == "map":
-                for mk, (at, _) in stored.items():
-                    note((key, mk), at)
-                    n += 1
-            elif self.kind == "list":
-                earliest = _earliest(stored)
-                if earliest is not None:
-                    note(key, earliest)
-                    n += 1
-            else:
-                note(key, stored[0])
-                n += 1
+        value)`` pairs (after a restore); entries indexed already stay
+        (written since: the union covers the state). Returns how many
+        entries were found."""
+        n = sum(self.index_stored(key, stored) for key, stored in items)
         self.stale = False
         return n
+
+    def index_stored(self, key: Any, stored: Any) -> int:
+        """Index the entries of ``key``'s stored value; how many."""
+        note = self.written
+        if self.kind == "map":
+            for mk, (at, _) in stored.items():
+                note((key, mk), at)
+            return len(stored)
+        if self.kind == "list":
+            earliest = _earliest(stored)
+            if earliest is None:
+                return 0
+            note(key, earliest)
+            return 1
+        note(key, stored[0])
+        return 1
 
     # -- one entry -----------------------------------------------------------
 

@@ -404,6 +404,15 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         yield from read_rows(self._instance.reader(), self._kinds, None,
                              self.factory.serializer.loads)
 
+    def _stored_items(self, names: list[str]) -> Iterator[tuple[str, Any, Any]]:
+        # One scan of the database for every state asked for (a view per
+        # state would scan it once each); rows of other states are skipped
+        # undecoded.
+        self._flush_unless_busy()
+        for name, _, key, stored in read_rows(self._instance.reader(), self._kinds, None,
+                                              self.factory.serializer.loads, names=set(names)):
+            yield name, key, stored
+
     def estimate_keys(self) -> int:
         n = self._instance.db.property_int_value("rocksdb.estimate-num-keys")
         return int(n or 0)
