@@ -70,9 +70,12 @@ def merge_in_place(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 
 class Tracked(ef.KeyedProcessFunction):
     """Per record ``(key, t, i)``: the clock goes to ``t``; yields what it
-    reads of its four states, then writes each (a new dict as the value, a
-    list as map entry ``i % 3``, a dict appended to the list, ``{"n": 1,
-    "xs": [i]}`` merged in place into the accumulator)."""
+    reads of its four states, then writes each. In place wherever a live
+    value allows it: the value's dict is counted up and written back (a
+    write: its time is renewed); map entry ``i % 3``'s list is appended to
+    *without* a ``put`` (state all the same, but not a write: its time
+    stays), or put anew once expired; a dict is added to the list;
+    ``{"n": 1, "xs": [i]}`` is merged in place into the accumulator."""
 
     def __init__(self, clock: Any) -> None:
         self.clock = clock  # one for the job: a clock's deepcopy is itself
@@ -89,8 +92,17 @@ class Tracked(ef.KeyedProcessFunction):
         # A copy: the accumulator is changed in place by later records.
         yield copy.deepcopy((key, t, i, self.value.value, sorted(self.map.items()),
                              self.list.get(), self.acc.get()))
-        self.value.update({"i": i, "t": t})
-        self.map.put(i % 3, [i])
+        d = self.value.value
+        if d is None:
+            d = {"count": 0}
+        d["count"] += 1
+        d["i"] = i
+        self.value.update(d)
+        entry = self.map.get(i % 3)
+        if entry is not None:
+            entry.append(i)
+        else:
+            self.map.put(i % 3, [i])
         self.list.add({"i": i})
         self.acc.add({"n": 1, "xs": [i]})
 
@@ -116,8 +128,11 @@ class Model:
         a = acc.get(key)
         seen_a = a[1] if a is not None and self.live(a[0], t) else None
         out = copy.deepcopy((key, t, i, seen_v, sorted(m.items()), items, seen_a))
-        value[key] = (t, {"i": i, "t": t})
-        maps.setdefault(key, {})[i % 3] = (t, [i])
+        value[key] = (t, {"count": seen_v["count"] + 1 if seen_v else 1, "i": i})
+        if i % 3 in m:
+            m[i % 3].append(i)  # the stored list itself: its time stays
+        else:
+            maps.setdefault(key, {})[i % 3] = (t, [i])
         lists.setdefault(key, []).append((t, {"i": i}))
         acc[key] = (t, {"n": seen_a["n"] + 1, "xs": [*seen_a["xs"], i]} if seen_a
                     else {"n": 1, "xs": [i]})
@@ -176,6 +191,8 @@ def test_every_kind_expires_as_the_model_says(checkpoints: bool, tmp_path: Path,
     # Not vacuous: reads found expired values, and live ones, of each kind.
     assert any(o[3] is None for o in want[10:]) and any(o[3] is not None for o in want)
     assert any(0 < len(o[4]) < 3 for o in want) and any(o[6] and o[6]["n"] > 3 for o in want)
+    assert any(len(xs) > 2 for o in want for _, xs in o[4])  # appended to in place
+    assert any(o[3] and o[3]["count"] > 3 for o in want)
 
     env = ef.StreamEnvironment(parallelism=1, batch_size=8)
     state_backend.use(env, tmp_path)
