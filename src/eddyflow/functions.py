@@ -3,11 +3,11 @@ it is opened with and called with."""
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from eddyflow.runtime.clock import WALL_CLOCK
 from eddyflow.state.abc import KeyedStateBackend
 from eddyflow.state.handles import (
     ListState,
@@ -37,14 +37,15 @@ class RuntimeContext:
         parallelism: int,
         max_parallelism: int,
         backend: KeyedStateBackend,
-        now: Callable[[], float] = WALL_CLOCK.now,
+        now: Callable[[], float] = time.time,
     ) -> None:
         self.operator_name = operator
         self.subtask_index = subtask
         self.parallelism = parallelism
         self.max_parallelism = max_parallelism
         self._backend = backend
-        #: Processing time (the job's clock): what state time-to-live reads.
+        #: Processing time (the job's clock; the operator passes it, the
+        #: wall clock otherwise): what state time-to-live reads.
         self._now = now
         #: The event timestamp of the record being processed (``None`` if it
         #: has none), or of the timer firing in ``on_timer``.

@@ -166,7 +166,8 @@ class VisibleView(Mapping[Any, Any]):
         return list(self._items())
 
     def __repr__(self) -> str:
-        return f"<state with {self._ttl!r}: {len(self)} keys>"
+        # (Not its length: that reads the whole state.)
+        return f"<{self._kind} state with {self._ttl!r}, as of {self._now}>"
 
 
 def _earliest(stamped: Iterable[tuple[float, Any]]) -> float | None:
@@ -210,11 +211,6 @@ class ExpiryIndex:
         if s is None or at < s:
             heapq.heappush(self._heap, (at, next(self._seq), entry))
             self._indexed[entry] = at
-
-    def next_due(self) -> float | None:
-        """The earliest time an indexed entry may expire (``None``: none)."""
-        heap = self._heap
-        return self.ttl.expires_at(heap[0][0]) if heap else None
 
     def expire(self, now: float | None = None) -> int:
         """Remove every entry expired at ``now`` (the clock's, by default)
