@@ -153,7 +153,11 @@ class IncompatibleCheckpoint(RestoreRefused):
     A keyed state the checkpoint holds as another kind (value, list, ...)
     than the job declares it is found only when the operator has declared
     its states, as its task starts: that one arrives as the cause of a
-    :class:`JobFailed` (``checkpoint_id`` ``None``).
+    :class:`JobFailed` (``checkpoint_id`` ``None``). A state with a
+    time-to-live is a kind of its own (``value+ttl`` ...): a TTL switched on
+    or off across a restore is refused the same way, naming the operator
+    and the state (Flink's ``StateMigrationException``); a TTL of another
+    duration is not (the write times are stored, not the expiry times).
     """
 
     def __init__(self, message: str, *, checkpoint_id: int | None = None,

@@ -3,12 +3,23 @@ it is opened with and called with."""
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from eddyflow.state.abc import KeyedStateBackend
-from eddyflow.state.handles import ListState, MapState, ReducingState, ValueState
+from eddyflow.state.handles import (
+    ListState,
+    MapState,
+    ReducingState,
+    TtlListState,
+    TtlMapState,
+    TtlReducingState,
+    TtlValueState,
+    ValueState,
+)
+from eddyflow.windowing.ttl import StateTtl
 
 if TYPE_CHECKING:
     from eddyflow.runtime.timers import TimerService
@@ -26,12 +37,16 @@ class RuntimeContext:
         parallelism: int,
         max_parallelism: int,
         backend: KeyedStateBackend,
+        now: Callable[[], float] = time.time,
     ) -> None:
         self.operator_name = operator
         self.subtask_index = subtask
         self.parallelism = parallelism
         self.max_parallelism = max_parallelism
         self._backend = backend
+        #: Processing time (the job's clock; the operator passes it, the
+        #: wall clock otherwise): what state time-to-live reads.
+        self._now = now
         #: The event timestamp of the record being processed (``None`` if it
         #: has none), or of the timer firing in ``on_timer``.
         self.timestamp: float | None = None
@@ -43,16 +58,31 @@ class RuntimeContext:
         """The key of the record being processed (of the timer, in ``on_timer``)."""
         return self._backend.current_key
 
-    def value_state(self, name: str, default: Any = None) -> ValueState[Any]:
+    # State with ``ttl``: its entries (a key's value; each map entry; each
+    # list element) expire ``ttl.seconds`` of the job's processing time
+    # after they were written; expired entries are never returned and are
+    # dropped from snapshots (``state/ttl.py``).
+
+    def value_state(self, name: str, default: Any = None, *,
+                    ttl: StateTtl | None = None) -> ValueState[Any]:
+        if ttl is not None:
+            return TtlValueState(self._backend, name, default, ttl, self._now)
         return ValueState(self._backend, name, default)
 
-    def list_state(self, name: str) -> ListState[Any]:
+    def list_state(self, name: str, *, ttl: StateTtl | None = None) -> ListState[Any]:
+        if ttl is not None:
+            return TtlListState(self._backend, name, ttl, self._now)
         return ListState(self._backend, name)
 
-    def map_state(self, name: str) -> MapState[Any, Any]:
+    def map_state(self, name: str, *, ttl: StateTtl | None = None) -> MapState[Any, Any]:
+        if ttl is not None:
+            return TtlMapState(self._backend, name, ttl, self._now)
         return MapState(self._backend, name)
 
-    def reducing_state(self, name: str, fn: Callable[[Any, Any], Any]) -> ReducingState[Any]:
+    def reducing_state(self, name: str, fn: Callable[[Any, Any], Any], *,
+                       ttl: StateTtl | None = None) -> ReducingState[Any]:
+        if ttl is not None:
+            return TtlReducingState(self._backend, name, fn, ttl, self._now)
         return ReducingState(self._backend, name, fn)
 
 

@@ -65,7 +65,12 @@ class JobResult:
     def state(self, operator: str, name: str | None = None) -> Mapping[Any, Any]:
         """The final keyed state of ``operator`` (its only state if ``name`` is
         omitted): a dict with the memory backend; with RocksDB, a read-only
-        mapping that reads the database when it is used, not before."""
+        mapping that reads the database when it is used, not before.
+
+        A state with a time-to-live shows what user code would have read
+        at the job's end: its values without the write times they are
+        stored with, and without the entries (keys, map entries, list
+        elements) expired by then on the job's clock, dropped or not."""
         tables = self.final_state.get(operator)
         if tables is None:
             raise KeyError(f"operator {operator!r} has no keyed state; known: "

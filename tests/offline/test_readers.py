@@ -73,3 +73,63 @@ def test_a_damaged_state_file_is_refused_naming_it(
     with pytest.raises(Exception, match="checksum mismatch") as info:
         read_state(spark, final.path).collect()
     assert part in str(info.value)
+
+
+class Remember(ef.KeyedProcessFunction):
+    """Keeps, with a 10 s TTL, each key's last record, the times it was
+    seen (map) and their list; the clock goes to each record's time."""
+
+    def __init__(self, clock: ef.testing.ManualClock) -> None:
+        self.clock = clock
+
+    def open(self, ctx: ef.RuntimeContext) -> None:
+        ttl = ef.StateTtl(10.0)
+        self.last = ctx.value_state("last", ttl=ttl)
+        self.seen = ctx.map_state("seen", ttl=ttl)
+        self.times = ctx.list_state("times", ttl=ttl)
+
+    def process(self, value: tuple[str, float], ctx: ef.RuntimeContext) -> Any:
+        t = value[1]
+        self.clock.set(t)
+        self.last.update({"t": t})
+        self.seen.put(f"at {t}", [t])
+        self.times.add(t)
+        yield value
+
+
+@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+def test_state_with_a_ttl_reads_as_the_user_values(spark: Any, tmp_path: Path,
+                                                   backend: str) -> None:
+    """``read_state`` and ``state_rdd`` show a state with a TTL without the
+    write times it is stored with (``raw=True``: with them), as
+    ``JobResult.state`` does; what expired before the checkpoint's barrier
+    is not in it."""
+    from eddyflow.offline import state_rdd
+
+    env = ef.StreamEnvironment(parallelism=2)
+    if backend == "rocksdb":
+        env.set_state_backend(ef.RocksDBStateBackend(tmp_path / "rocks"))
+    env.enable_checkpointing(10.0, tmp_path / "chk")
+    clock = ef.testing.ManualClock()
+    env.set_clock(clock)
+    records = [("a", 0.0), ("b", 0.0), ("a", 5.0), ("c", 9.0), ("a", 12.0)]
+    (env.from_collection(records).key_by(lambda r: r[0]).process(Remember(clock))
+        .set_parallelism(1).name("remember").sink_to(ef.ListSink()))
+    result = env.execute("remember")
+    want = {
+        "last": {"a": {"t": 12.0}, "c": {"t": 9.0}},  # "b", written at 0, expired at 10
+        "seen": {"a": {"at 5.0": [5.0], "at 12.0": [12.0]}, "c": {"at 9.0": [9.0]}},
+        "times": {"a": [5.0, 12.0], "c": [9.0]},
+    }
+    assert {n: dict(result.state("remember", n).items()) for n in want} == want
+    final = ef.list_checkpoints(tmp_path / "chk")[-1]
+    rows = read_state(spark, final.path, operator="remember").collect()
+    assert sorted((r["state"], r["key"], r["value"]) for r in rows) == sorted(
+        (name, key, repr(value)) for name, table in want.items() for key, value in table.items())
+    raw = state_rdd(spark.sparkContext, final.path, "remember", raw=True).collect()
+    stored = {(t[2], t[4]): (t[3], t[5]) for _, t in raw}
+    assert stored[("last", "a")] == ("value+ttl", (12.0, {"t": 12.0}))
+    assert stored[("seen", "a")] == ("map+ttl", {"at 5.0": (5.0, [5.0]),
+                                                 "at 12.0": (12.0, [12.0])})
+    assert stored[("times", "a")] == ("list+ttl", [(5.0, 5.0), (12.0, 12.0)])
+    assert len(stored) == 6

@@ -30,6 +30,7 @@ from eddyflow.offline.checkpoint import (
 from eddyflow.runtime.timers import TIMERS_STATE
 from eddyflow.runtime.windows import WINDOW_STATE
 from eddyflow.state.storage import FileHandle
+from eddyflow.state.ttl import ABSENT, has_ttl, unwrap
 
 __all__ = ["as_text", "backedge_rdd", "read_backedge_log", "read_metadata", "read_positions",
            "read_state", "read_timers", "read_windows", "state_rdd"]
@@ -107,22 +108,41 @@ def _read_file(kf: KeyedFile) -> Any:
         yield kg, (kf.operator, kf.subtask, name, kf.kinds.get(name, "value"), key, value)
 
 
-def state_rdd(sc: Any, chk: CheckpointLike, operator: str | None = None) -> Any:
+def _read_user_file(kf: KeyedFile) -> Any:
+    for kg, (uid, subtask, name, kind, key, value) in _read_file(kf):
+        if has_ttl(kind):
+            value = unwrap(kind, value)
+            if value is ABSENT:
+                continue
+        yield kg, (uid, subtask, name, kind, key, value)
+
+
+def state_rdd(sc: Any, chk: CheckpointLike, operator: str | None = None, *,
+              raw: bool = False) -> Any:
     """Keyed state as an RDD of ``(key_group, (operator, subtask, state,
     kind, key, value))`` with the Python objects; one Spark task per state
-    file."""
+    file.
+
+    A state with a time-to-live (kind ``value+ttl`` ...) shows its values
+    as user code reads them: without the write times they are stored with
+    (``state/ttl.py``); ``raw=True`` gives the stored form (what a restore
+    takes). Nothing in a checkpoint is expired as of its barrier: expired
+    entries are dropped at the synchronous phase of every snapshot, so
+    nothing is left out here (and the checkpoint's time, not the reader's,
+    is what a checkpoint's state is as of)."""
     files = keyed_files(_ref(chk), operator)
     if not files:
         return sc.emptyRDD()
-    return sc.parallelize(files, len(files)).flatMap(_read_file)
+    return sc.parallelize(files, len(files)).flatMap(_read_file if raw else _read_user_file)
 
 
 def read_state(spark: Any, chk: CheckpointLike, operator: str | None = None) -> Any:
-    """Keyed state: ``operator, subtask, key_group, key, state, value``.
-    A window operator's windows are its map state ``_windows`` and every
-    operator's timers its map state ``_timers`` (one row per key here;
-    :func:`read_windows` and :func:`read_timers` give one per window and
-    per timer)."""
+    """Keyed state: ``operator, subtask, key_group, key, state, value``
+    (the values of a state with a time-to-live without their write times:
+    see :func:`state_rdd`). A window operator's windows are its map state
+    ``_windows`` and every operator's timers its map state ``_timers`` (one
+    row per key here; :func:`read_windows` and :func:`read_timers` give one
+    per window and per timer)."""
     from pyspark.sql import types as T
 
     rows = state_rdd(spark.sparkContext, chk, operator).map(

@@ -38,6 +38,7 @@ from eddyflow.offline.readers import as_text, backedge_rdd, state_rdd
 from eddyflow.offline.replay import replay_split
 from eddyflow.runtime.operators import SourceSpec
 from eddyflow.runtime.valve import decode_watermark
+from eddyflow.state.ttl import base_kind, has_ttl, unwrap
 
 __all__ = ["ValidationReport", "validate"]
 
@@ -134,7 +135,12 @@ def _comparable(kind: str, value: Any) -> Any:
     """List state compares as a multiset: a key's list is in arrival order,
     and records from several channels arrive interleaved by timing, so no
     replay can promise the streaming run's order (each channel's own order
-    is kept, but not how channels interleave)."""
+    is kept, but not how channels interleave). A state with a TTL compares
+    its values without their write times: those are processing time, which
+    no replay reproduces (nor which entries expired: see architecture.md)."""
+    if has_ttl(kind):
+        value = unwrap(kind, value)
+        kind = base_kind(kind)
     if kind == "list" and isinstance(value, list):
         return sorted(value, key=repr)
     return value
@@ -205,7 +211,8 @@ def _validate(spark: Any, chk: str | os.PathLike[str] | CheckpointRef, *,
                             if any(p.keyed is not None for p in op.subtasks.values()))
         # One RDD per operator over its own files: filtering one RDD of every
         # file would read all of them again for each operator.
-        initial = {uid: state_rdd(sc, ref, uid).map(lambda t: (t[0], t[1][2:]))
+        # Stored form: a state with a TTL is restored with its write times.
+        initial = {uid: state_rdd(sc, ref, uid, raw=True).map(lambda t: (t[0], t[1][2:]))
                    for uid in keyed_uids}
         logged = [p.backedge.records for op in meta_ops.values()
                   for p in op.subtasks.values() if p.backedge is not None]

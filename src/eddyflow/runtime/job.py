@@ -352,7 +352,9 @@ class JobRunner:
                 backend = getattr(op, "backend", None)
                 if backend is not None:
                     merged = state.setdefault(op.uid, {})
-                    for name, table in backend.tables().items():
+                    # As user code reads it: states with a TTL without
+                    # their write times and what expired by the job's end.
+                    for name, table in backend.user_tables().items():
                         merged[name] = merge_state(merged.get(name), table)
         return JobResult(self.job_name, duration, rin, rout,
                          completed_checkpoints=sorted(self.coordinator.completed),

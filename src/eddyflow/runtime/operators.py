@@ -46,6 +46,7 @@ from eddyflow.state.abc import (
     SnapshotTarget,
     StateBackend,
 )
+from eddyflow.state.ttl import ttl_clash
 
 __all__ = [
     "FilterSpec",
@@ -394,16 +395,33 @@ class _Keyed(Operator):
         # function declares its own): a checkpointed state of the same name
         # but another kind cannot be read as the declared one. Say so, not
         # "already declared".
+        # A time-to-live switched on or off is such a clash too: a state
+        # with a TTL has a kind of its own, its values stored with their
+        # write times (state/ttl.py), as Flink refuses it
+        # (StateMigrationException). Changing the TTL's duration is not: the
+        # stored write times hold under any duration.
         declared = self.backend.kinds
-        clash = tuple(f"the checkpoint holds its state '{name}' as {kind} state, the job "
-                      f"declares it as {declared[name]} state"
-                      for name, kind in sorted(kinds.items())
-                      if declared.get(name, kind) != kind)
+        clash: list[str] = []
+        ttl_switched = False
+        for name, kind in sorted(kinds.items()):
+            wanted = declared.get(name, kind)
+            if wanted == kind:
+                continue
+            sentence = ttl_clash(name, kind, wanted, self.backend.ttl_of(name))
+            ttl_switched |= sentence is not None
+            clash.append(sentence or f"the checkpoint holds its state '{name}' as {kind} "
+                                     f"state, the job declares it as {wanted} state")
         if clash:
+            advice = ("a state of another kind needs a name of its own" if not ttl_switched
+                      else "a state cannot gain or lose its time-to-live across a restore, "
+                      "its stored values differ: keep its TTL setting, or give it a new name")
             raise IncompatibleCheckpoint(
                 f"cannot restore operator '{self.uid}': " + "; ".join(clash)
-                + " (a state of another kind needs a name of its own)", problems=clash)
+                + f" ({advice})", problems=tuple(clash))
         self.backend.restore_from(root, kinds, handles)
+        # The expiry indexes learn the restored entries now, not at the
+        # first barrier.
+        self.backend.rebuild_ttl()
 
 
 class _Count(_Keyed):
@@ -571,7 +589,8 @@ class _Process(_Keyed):
     def open(self) -> None:
         backend = self.backend = self.ctx.keyed_backend()
         c = self.ctx
-        self.rctx = RuntimeContext(c.uid, c.subtask, c.parallelism, c.max_parallelism, backend)
+        self.rctx = RuntimeContext(c.uid, c.subtask, c.parallelism, c.max_parallelism, backend,
+                                   c.clock.now)
         self.timers = TimerService(backend, c.clock.now, lambda: self.watermark)
         self.rctx.timer_service = self.timers
         self.fn.open(self.rctx)
@@ -612,6 +631,11 @@ class _Process(_Keyed):
             raise
         finally:
             ctx.timestamp = None
+        if backend.has_ttl:
+            # Expired state leaves between batches too (not only at
+            # snapshots): a job without checkpoints does not keep it. It
+            # costs what expired (state/ttl.py).
+            backend.expire_ttl()
         return out, stamps
 
     def _fire(self, domain: str, until: float, stamp: bool) -> list[Any]:

@@ -21,13 +21,16 @@ snapshot can cost what changed rather than what the state holds.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from eddyflow.keygroups import key_group_for
 from eddyflow.state.format import apply_entries, read_state_file
 from eddyflow.state.storage import CheckpointStorage, FileHandle
+from eddyflow.state.ttl import ABSENT as _ABSENT
+from eddyflow.state.ttl import ExpiryIndex, VisibleView, has_ttl, visible
+from eddyflow.windowing.ttl import StateTtl
 
 __all__ = [
     "Changes",
@@ -242,6 +245,11 @@ class KeyedStateBackend(ABC):
         self.current_key: Any = None
         self._kinds: dict[str, str] = {}
         self._closed = False
+        #: The expiry index of each state with a TTL (``state/ttl.py``).
+        self._ttl: dict[str, ExpiryIndex] = {}
+        #: State was restored into this backend: a state with a TTL declared
+        #: from now on holds entries its index must be rebuilt from.
+        self._restored = False
 
     def declare(self, name: str, kind: str) -> MutableMapping[Any, Any]:
         """The table of state ``name``; one name, one kind of state."""
@@ -255,8 +263,96 @@ class KeyedStateBackend(ABC):
 
     @property
     def kinds(self) -> dict[str, str]:
-        """State name -> kind (value, list, map, reducing)."""
+        """State name -> kind (value, list, map, reducing; ``+ttl`` for a
+        state with a time-to-live, see ``state/ttl.py``)."""
         return dict(self._kinds)
+
+    # -- time-to-live --------------------------------------------------------
+
+    def expiry_index(self, name: str, kind: str, ttl: StateTtl,
+                     now: Callable[[], float]) -> ExpiryIndex:
+        """The expiry index of state ``name`` (a ``kind`` state with ``ttl``,
+        declared first), made on its first handle; ``now`` is the job's
+        processing-time clock. Two handles of one state must agree on its TTL."""
+        index = self._ttl.get(name)
+        if index is None:
+            index = ExpiryIndex(name, kind, ttl, now, self._table(name), self.changes(name))
+            # A state restored before its first handle was made: its
+            # entries are indexed before the next expiry.
+            index.stale = self._restored
+            self._ttl[name] = index
+        elif index.ttl != ttl:
+            raise ValueError(f"operator '{self.operator}': state '{name}' is already declared "
+                             f"with {index.ttl!r}, not {ttl!r}")
+        return index
+
+    def ttl_of(self, name: str) -> StateTtl | None:
+        """The TTL state ``name`` is declared with, if any."""
+        index = self._ttl.get(name)
+        return None if index is None else index.ttl
+
+    @property
+    def has_ttl(self) -> bool:
+        """Some state of this backend has a TTL."""
+        return bool(self._ttl)
+
+    def expire_ttl(self) -> int:
+        """Remove the entries of every state with a TTL that have expired by
+        now, looking only at those due (``ExpiryIndex``); how many. Called
+        at the synchronous phase of every snapshot, before it takes the
+        changes: what expired is deleted from the checkpoint as any removal."""
+        if not self._ttl:
+            return 0
+        self.rebuild_ttl()
+        return sum(index.expire() for index in self._ttl.values())
+
+    def rebuild_ttl(self) -> int:
+        """Index the entries restored into the states with a TTL (once after
+        each restore; the operator calls it right after the restore, so that
+        the first snapshot's barrier does not pay for it); how many."""
+        stale = {index.name: index for index in self._ttl.values() if index.stale}
+        if not stale:
+            return 0
+        n = 0
+        for name, key, stored in self._stored_items(list(stale)):
+            n += stale[name].index_stored(key, stored)
+        for index in stale.values():
+            index.stale = False
+        return n
+
+    def _stored_items(self, names: list[str]) -> Iterator[tuple[str, Any, Any]]:
+        """``(state, key, stored value)`` of every key of the states ``names``."""
+        tables = self.tables()
+        for name in names:
+            for key, stored in tables[name].items():
+                yield name, key, stored
+
+    def _was_restored(self) -> None:
+        """Entries are being restored: the expiry indexes must learn them."""
+        self._restored = True
+        for index in self._ttl.values():
+            index.stale = True
+
+    def user_tables(self) -> dict[str, Mapping[Any, Any]]:
+        """Every table as user code would read it now (``JobResult.state``):
+        a state without a TTL as it is; one with a TTL without its write
+        times and without what expired by now (a dict from a dict; a
+        read-on-demand view of another table)."""
+        out: dict[str, Mapping[Any, Any]] = {}
+        for name, table in self.tables().items():
+            kind = self._kinds.get(name, "value")
+            if not has_ttl(kind):
+                out[name] = table
+                continue
+            index = self._ttl.get(name)
+            ttl = None if index is None else index.ttl
+            now = 0.0 if index is None else index.now()
+            if isinstance(table, dict):
+                seen = ((k, visible(kind, v, ttl, now)) for k, v in table.items())
+                out[name] = {k: v for k, v in seen if v is not _ABSENT}
+            else:
+                out[name] = VisibleView(table, kind, ttl, now)
+        return out
 
     @abstractmethod
     def _table(self, name: str) -> MutableMapping[Any, Any]: ...
@@ -277,6 +373,7 @@ class KeyedStateBackend(ABC):
                 entries: Iterable[tuple[str, Any, Any]]) -> int:
         """Load ``(state, key, value)`` entries of a checkpoint's files in
         the order they apply (``DELETED`` values remove); returns how many."""
+        self._was_restored()
         for name, kind in kinds.items():
             self.declare(name, kind)
         return apply_entries(self._table, entries)

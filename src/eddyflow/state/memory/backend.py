@@ -48,6 +48,8 @@ class MemoryKeyedStateBackend(KeyedStateBackend):
 
     def snapshot(self, target: SnapshotTarget) -> KeyedSnapshot:
         self._check_open()
+        # Expired entries leave first, recorded as changes: a delta deletes them.
+        self.expire_ttl()
         return self._strategy.snapshot(target, self._tables, self._changes)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:

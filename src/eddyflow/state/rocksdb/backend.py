@@ -63,6 +63,7 @@ from eddyflow.state.rocksdb.tables import (
     rows_of,
 )
 from eddyflow.state.serialization import raise_state_error, state_error
+from eddyflow.state.ttl import base_kind
 from eddyflow.values import SCALARS
 
 __all__ = ["PickleSerializer", "RocksDBKeyedStateBackend", "RocksDBStateBackend"]
@@ -356,7 +357,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         table = self._rtables.get(name)
         if table is not None:
             return table
-        kind = self._kinds.get(name, "value")
+        kind = base_kind(self._kinds.get(name, "value"))
         limit = self.factory.cache_size
         mp = self.max_parallelism
         changes = self._changes[name] = Changes(True)
@@ -403,6 +404,15 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         yield from read_rows(self._instance.reader(), self._kinds, None,
                              self.factory.serializer.loads)
 
+    def _stored_items(self, names: list[str]) -> Iterator[tuple[str, Any, Any]]:
+        # One scan of the database for every state asked for (a view per
+        # state would scan it once each); rows of other states are skipped
+        # undecoded.
+        self._flush_unless_busy()
+        for name, _, key, stored in read_rows(self._instance.reader(), self._kinds, None,
+                                              self.factory.serializer.loads, names=set(names)):
+            yield name, key, stored
+
     def estimate_keys(self) -> int:
         n = self._instance.db.property_int_value("rocksdb.estimate-num-keys")
         return int(n or 0)
@@ -412,6 +422,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def snapshot(self, target: SnapshotTarget) -> KeyedSnapshot:
         self._check_open()
         try:
+            # Expired entries leave first, through the caches and overlays
+            # that the synchronous half flushes: the checkpoint deletes them.
+            self.expire_ttl()
             return self._strategy.snapshot(target)
         except StateSerializationError:
             self._store.unwritable = True
@@ -557,6 +570,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def restore(self, kinds: Mapping[str, str],
                 entries: Iterable[tuple[str, Any, Any]]) -> int:
         """Entries of another backend's checkpoint, through the caches."""
+        self._was_restored()
         for name, kind in kinds.items():
             self.declare(name, kind)
         self._not_fresh()
@@ -588,6 +602,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
     def restore_from(self, root: str, kinds: Mapping[str, str],
                      handles: list[KeyedStateHandle]) -> int:
+        self._was_restored()
         for name, kind in kinds.items():
             self.declare(name, kind)
         mine = [h for h in handles if h.backend == "rocksdb"]
@@ -690,7 +705,7 @@ class RocksStateView(Mapping[Any, Any]):
     def __getitem__(self, key: Any) -> Any:
         db = self._instance.reader()
         p = self._rows.prefix(key)
-        if self.kind not in ("map", "list"):
+        if base_kind(self.kind) not in ("map", "list"):
             raw = db.get(p)
             if raw is None:
                 raise KeyError(key)

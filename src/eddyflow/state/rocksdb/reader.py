@@ -10,7 +10,7 @@ import os
 import pickle
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from eddyflow.state.rocksdb.files import materialise, open_db, scan
@@ -24,16 +24,20 @@ __all__ = ["read_handle", "read_rows"]
 
 
 def read_rows(db: Any, kinds: Mapping[str, str], key_groups: range | None,
-              loads: Callable[[bytes], Any] = pickle.loads
-              ) -> Iterator[tuple[str, int, Any, Any]]:
+              loads: Callable[[bytes], Any] = pickle.loads, *,
+              names: Container[str] | None = None) -> Iterator[tuple[str, int, Any, Any]]:
     """``(state, key group, key, value)`` of every row of ``db`` in
-    ``key_groups`` (all of them when ``None``), whole values assembled."""
+    ``key_groups`` (all of them when ``None``), of the states ``names``
+    (all when ``None``: the others are not even deserialised), whole
+    values assembled."""
     lower, upper = key_group_bounds(key_groups)
     # Rows come in (key group, state, key) order: assemble runs of one state.
     run: list[tuple[Any, bytes, Any]] = []
     last: tuple[int, str] = (-1, "")
     for row, v in scan(db, lower, upper):
         kg, name, key, rest = split_row(row)
+        if names is not None and name not in names:
+            continue
         if (kg, name) != last:
             if run:
                 for k, value in assemble(kinds.get(last[1], "value"), run):

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from eddyflow.state.abc import Changes, Written, written_keys
 from eddyflow.state.rocksdb.keys import StatePrefix, decode_key, encode_key
 from eddyflow.state.serialization import raise_state_error
+from eddyflow.state.ttl import base_kind
 from eddyflow.values import SCALARS
 
 __all__ = ["MISSING", "ListTable", "MapTable", "Pickled", "RowStore", "Serializer", "ValueTable",
@@ -286,15 +287,17 @@ class MapTable(_RowTable):
         super().__init__(store, name, max_parallelism, limit)
         self._pending: dict[Any, dict[Any, Any]] = {}
 
-    def _lend(self, key: Any, mk: Any, v: Any) -> Any:
-        # A mutable value handed to user code may be changed in place: it
-        # is written again at the next flush.
+    def lend(self, key: Any, mk: Any, v: Any) -> Any:
+        """``v``, the value of entry ``mk`` of ``key``, goes to user code:
+        if it can be changed in place, it is written again at the next flush."""
         if type(v) not in SCALARS:
             self._pending.setdefault(key, {})[mk] = v
             self._writes += 1
         return v
 
-    def get_entry(self, key: Any, mk: Any, default: Any = None) -> Any:
+    def get_entry(self, key: Any, mk: Any, default: Any = None, *, lend: bool = True) -> Any:
+        """The value of entry ``mk`` of ``key``'s map; ``lend=False``: the
+        caller lends (or does not hand out) what it gets (see :meth:`lend`)."""
         p = self._pending.get(key)
         if p is not None:
             v = p.get(mk, _MISSING)
@@ -305,7 +308,8 @@ class MapTable(_RowTable):
         raw = self.store.get(self.rows.prefix(key) + encode_key(mk))
         if raw is None:
             return default
-        return self._lend(key, mk, self.store.serializer.loads(raw))
+        v = self.store.serializer.loads(raw)
+        return self.lend(key, mk, v) if lend else v
 
     def put_entry(self, key: Any, mk: Any, v: Any) -> None:
         encode_key(mk)  # reject a map key RocksDB cannot store, now
@@ -317,8 +321,9 @@ class MapTable(_RowTable):
         self._pending.setdefault(key, {})[mk] = _GONE
         self._writes += 1
 
-    def entries(self, key: Any) -> dict[Any, Any]:
-        """Every entry of ``key``'s map (mutable values count as written)."""
+    def entries(self, key: Any, *, lend: bool = True) -> dict[Any, Any]:
+        """Every entry of ``key``'s map (mutable values count as written,
+        unless ``lend=False``: see :meth:`get_entry`)."""
         out: dict[Any, Any] = {}
         if key not in self._cleared:
             loads = self.store.serializer.loads
@@ -331,8 +336,9 @@ class MapTable(_RowTable):
                 out.pop(mk, None)
             else:
                 out[mk] = v
-        for mk, v in out.items():
-            self._lend(key, mk, v)
+        if lend:
+            for mk, v in out.items():
+                self.lend(key, mk, v)
         return out
 
     def clear_key(self, key: Any) -> None:
@@ -461,6 +467,7 @@ def assemble(kind: str, key_rest_values: Iterable[tuple[Any, bytes, Any]]
              ) -> Iterator[tuple[Any, Any]]:
     """Whole values from rows in key order: ``(key, rest of the row key,
     value)`` -> ``(key, value)``, a dict for map state, a list for list state."""
+    kind = base_kind(kind)  # a state with a TTL is stored as one without
     if kind not in ("map", "list"):
         for key, _, value in key_rest_values:
             yield key, value
