@@ -25,8 +25,9 @@ The log is generated (deterministically) the first time the job runs, in
 ``out/sessions-late`` and checkpoints to ``checkpoints/sessions`` (all
 relative to the working folder; ``SESSIONS_LOG``, ``SESSIONS_OUTPUT``,
 ``SESSIONS_LATE_OUTPUT``, ``SESSIONS_CHECKPOINTS`` override them,
-``SESSIONS_MINUTES`` the minutes of clicks and ``SESSIONS_CHECKPOINT_INTERVAL``
-the seconds between checkpoints).
+``SESSIONS_MINUTES`` the minutes of clicks, ``SESSIONS_CHECKPOINT_INTERVAL``
+the seconds between checkpoints, and ``SESSIONS_ROCKSDB=FOLDER`` keeps the
+windows' state in RocksDB under FOLDER instead of in memory).
 
     python examples/sessions.py                        # a fresh run; prints a summary
     eddyflow run examples/sessions.py -p 2 [--restore latest]
@@ -80,6 +81,7 @@ LATE_OUTPUT = os.environ.get("SESSIONS_LATE_OUTPUT", os.path.join("out", "sessio
 CHECKPOINTS = os.environ.get("SESSIONS_CHECKPOINTS", os.path.join("checkpoints", "sessions"))
 CHECKPOINT_INTERVAL = float(os.environ.get("SESSIONS_CHECKPOINT_INTERVAL", "0.5"))
 MINUTES = float(os.environ.get("SESSIONS_MINUTES", "12"))
+ROCKSDB = os.environ.get("SESSIONS_ROCKSDB")  # a folder: keep the state in RocksDB there
 
 PARTITIONS = 2
 USERS = 1500  # user-0000 ... user-1499; user i lives in partition i % PARTITIONS
@@ -135,7 +137,7 @@ def generate_clicks(minutes: float = MINUTES, seed: int = 14) -> list[list[dict[
             else:
                 delay = rng.random() * MAX_DELAY * 0.999  # strictly below MAX_DELAY
             add(partition, user, ts, delay)
-        if rng.random() < OFFLINE:
+        if rng.random() < OFFLINE and span > OFFLINE_DELAY[1]:
             delay = rng.uniform(*OFFLINE_DELAY)
             for _ in range(20):  # a moment with no other click of the user near it
                 ts = round(rng.uniform(0.0, span - delay), 3)
@@ -195,7 +197,9 @@ def session_row(result: ef.WindowResult) -> dict[str, Any]:
 
 
 def build(env: ef.StreamEnvironment) -> None:
-    make_log(LOG)
+    make_log(LOG, MINUTES)
+    if ROCKSDB:
+        env.set_state_backend(ef.RocksDBStateBackend(ROCKSDB))
     env.enable_checkpointing(interval=CHECKPOINT_INTERVAL, directory=CHECKPOINTS)
     # A watermark after every batch rather than every 0.2 s: event time keeps
     # up with the records however fast they are read.
