@@ -26,7 +26,9 @@ module turns that into checks of committed output:
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -102,6 +104,16 @@ def expected(partitions: list[list[Click]], *, gap: float, max_delay: float,
             exp.possible.update((user, *s) for s in sessions(clicks[:k], gap))
     exp.possible.update(exp.singleton(c, gap) for c in exp.maybe.values())
     return exp
+
+
+def read_committed(folder: str | os.PathLike[str]) -> list[Any]:
+    """The records a FileSink committed: its ``part-*`` files, JSON Lines."""
+    out: list[Any] = []
+    for name in sorted(os.listdir(folder)):
+        if name.startswith("part-"):
+            with open(os.path.join(folder, name), encoding="utf-8") as f:
+                out.extend(json.loads(line) for line in f)
+    return out
 
 
 def as_row(r: dict[str, Any]) -> Row:

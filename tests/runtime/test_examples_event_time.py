@@ -20,7 +20,6 @@ does) and under the command line (``python -m eddyflow.cli.main run``).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -37,16 +36,6 @@ from eddyflow.jobfile import load_job
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 SRC = Path(ef.__file__).resolve().parents[1]  # the eddyflow under test, for the CLI runs
-
-
-def committed(folder: Path) -> list[Any]:
-    """The records of a FileSink folder's ``part-*`` files."""
-    out: list[Any] = []
-    for name in sorted(os.listdir(folder)):
-        if name.startswith("part-"):
-            with open(folder / name, encoding="utf-8") as f:
-                out.extend(json.loads(line) for line in f)
-    return out
 
 
 def run_cli(example: str, cwd: Path, parallelism: int, **env_vars: str) -> str:
@@ -75,8 +64,8 @@ def sessions_expected(module: ModuleType, log: Path) -> ref.Expected:
 
 def check_sessions(module: ModuleType, cwd: Path, context: str) -> ref.Outcome:
     exp = sessions_expected(module, cwd / "logs" / "clicks")
-    outcome = ref.check(exp, committed(cwd / "out" / "sessions"),
-                        committed(cwd / "out" / "sessions-late"), gap=module.GAP,
+    outcome = ref.check(exp, ref.read_committed(cwd / "out" / "sessions"),
+                        ref.read_committed(cwd / "out" / "sessions-late"), gap=module.GAP,
                         context=context)
     # Not vacuous: the log has both kinds of late clicks, and this run had
     # sessions fire again and clicks go to the late output. (What the
@@ -141,7 +130,7 @@ def expected_alerts(events: list[dict[str, Any]], timeout: float) -> list[tuple[
 
 def alerts_of(folder: Path) -> list[tuple[Any, ...]]:
     return sorted((a["card"], a["txn"], a["amount"], a["authorised"], a["deadline"])
-                  for a in committed(folder))
+                  for a in ref.read_committed(folder))
 
 
 def check_alerts(module: ModuleType, folder: Path) -> None:
