@@ -48,11 +48,11 @@ from run to run. What does not vary, by the design of the data:
    window operator takes the minimum over the partitions; a restored
    watermark was such a value for an earlier position). That bound does not
    depend on timing.
-2. A click at most ``ALLOWED_LATENESS + MAX_DELAY`` behind that ``M`` (every
+2. A click less than ``ALLOWED_LATENESS + MAX_DELAY`` behind that ``M`` (every
    on-time click and every straggler, whose delay is below 110 s) is
    therefore never dropped, and neither is any session it touches (those end
-   after it, so their cleanup time ``end + ALLOWED_LATENESS`` is still ahead
-   of the watermark). Such clicks build the same sessions in every run, and
+   after its timestamp, so their cleanup time ``end + ALLOWED_LATENESS`` is
+   still ahead of the watermark). Such clicks build the same sessions in every run, and
    each of those sessions fires last with its complete counts.
 3. Whether a click far beyond the allowed lateness is dropped needs a lower
    bound on the watermark, which nothing gives: a partition's source subtask
@@ -60,8 +60,9 @@ from run to run. What does not vary, by the design of the data:
    clicks isolated (no other click of its user within ``GAP``): if a lagging
    watermark lets one in, it is a one-click session of its own and changes
    no other session. Each such click ends up exactly once, either in the late
-   output (in practice, always: it is 7-10 minutes late, far more than the
-   watermark ever lags here) or as a one-click session.
+   output (in practice, always: it is 7-10 minutes late, while the watermark
+   lags a partition by about one batch of its clicks, some 40 s) or as a
+   one-click session.
 """
 
 from __future__ import annotations
