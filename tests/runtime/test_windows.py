@@ -300,3 +300,15 @@ def test_declaration_errors_are_clear() -> None:
     counts = keyed.window(ef.TumblingEventTimeWindows(1.0)).count()
     with pytest.raises(ValueError, match="no side output 'late'"):
         counts.get_side_output(ef.OutputTag("late"))
+
+
+def test_records_fired_by_the_watermark_count_as_the_operators_output() -> None:
+    env = ef.StreamEnvironment(parallelism=1)
+    out = ef.ListSink()
+    (env.from_collection([("a", float(t), 1) for t in range(10)])
+        .assign_timestamps_and_watermarks(ef.WatermarkStrategy.for_monotonous_timestamps(_ts))
+        .key_by(lambda r: r[0]).window(ef.TumblingEventTimeWindows(5.0)).count()
+        .name("windows").sink_to(out).name("out"))
+    result = env.execute("counted")
+    assert len(out.results) == 2
+    assert result.records_out["windows"] == 2 == result.records_in["out"]

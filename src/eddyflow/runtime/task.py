@@ -977,6 +977,7 @@ class Task(EventTime):
                                                  "the end of input"), op.uid, self.subtask,
                                   None) from exc
             if extra:
+                op.records_out += len(extra)
                 out, stamps = self._run_chain(extra, k + 1, getattr(extra, "timestamps", None))
                 await self._emit(out, None, [], stamps)
             if op.assigns_timestamps:

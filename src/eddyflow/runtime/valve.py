@@ -152,6 +152,7 @@ class EventTime:
             op.watermark = wm
             out = op.on_watermark(wm)
             if out:
+                op.records_out += len(out)
                 res, stamps = self._run_chain(out, k + 1, getattr(out, "timestamps", None))
                 await self._emit(res, None, [], stamps)
         if wm > self._wm_out:
@@ -243,6 +244,7 @@ class EventTime:
         for k in self._clocked:
             out = ops[k].on_processing_time(now)
             if out:
+                ops[k].records_out += len(out)
                 res, stamps = self._run_chain(out, k + 1, getattr(out, "timestamps", None))
                 await self._emit(res, None, [], stamps)
         await self._generator_status()
