@@ -40,6 +40,7 @@ bench-all: $(VENV)/.bench
 	$(PY) benchmarks/overhead.py --plot docs/img/overhead.png
 	$(PY) benchmarks/iterations.py
 	$(PY) benchmarks/validate.py
+	$(PY) benchmarks/windows.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
