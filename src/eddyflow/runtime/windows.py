@@ -18,7 +18,13 @@ offline like any other keyed state:
   operator looks at the key's windows and fires those that end at that time
   and drops those whose cleanup time has come. Two windows of a key that
   share a time share its timer, and a timer left behind by a merged
-  session finds nothing to do.
+  session finds nothing to do. Session windows on the memory backend keep
+  the same rows with ``MovingTimers``, whose index lets a growing session
+  move its end's timer without a heap operation.
+
+On the memory backend, tumbling and session windows run hot paths that
+make the same decisions on the backend's dicts directly (see
+``_add_tumbling_heap``); everything else goes through the state handles.
 
 Window results take the timestamp ``TimeWindow.max_timestamp`` (the last
 float inside the window), so that a downstream window of the same size puts
@@ -45,10 +51,12 @@ from typing import Any, NamedTuple
 
 from eddyflow.keygroups import check_key
 from eddyflow.runtime.events import timestamped
+from eddyflow.runtime.moving_timers import MovingTimers
 from eddyflow.runtime.operators import Operator, OperatorContext, _Keyed
 from eddyflow.runtime.timers import EVENT_TIME, PROCESSING_TIME, TimerService
 from eddyflow.state.abc import KeyedStateHandle
 from eddyflow.state.handles import MapState
+from eddyflow.values import SCALARS
 from eddyflow.windowing.functions import WindowAdapter
 from eddyflow.windowing.merging import merge_bounds
 from eddyflow.windowing.windows import (
@@ -112,15 +120,29 @@ class _WindowOperator(_Keyed):
         self.lateness = spec.allowed_lateness if self.event_time else 0.0
         self.late_tag = spec.late_tag
         self.bounds = _bounds_function(assigner)
+        self.tumbling = assigner if isinstance(assigner, _Tumbling) else None
+        self.gap = assigner.gap if isinstance(assigner, EventTimeSessionWindows) else None
         self.windows: MapState[Bounds, Any] | None = None
-        self.timers: TimerService | None = None
+        self.timers: TimerService | MovingTimers | None = None
+        #: The memory backend's table of windows (``key -> {(start, end): acc}``),
+        #: which the hot paths read and write directly; ``None`` otherwise.
+        self.heap: dict[Any, dict[Bounds, Any]] | None = None
         #: Late records dropped (no side output), as Flink's numLateRecordsDropped.
         self.late_dropped = 0
 
     def open(self) -> None:
         backend = self.backend = self.ctx.keyed_backend()
         self.windows = MapState(backend, WINDOW_STATE)
-        self.timers = TimerService(backend, self.ctx.clock.now, lambda: self.watermark)
+        self.changes = backend.changes(WINDOW_STATE)
+        table = backend.tables()[WINDOW_STATE]
+        self.heap = table if type(table) is dict else None
+        # Sessions move their timers with nearly every record: on the memory
+        # backend they get timers whose index allows that cheaply. Fixed
+        # windows share their times across keys, which TimerService's
+        # index is built for (measured: 30% faster tumbling windows).
+        self.timers = (MovingTimers(backend, self.domain)
+                       if self.heap is not None and self.merging
+                       else TimerService(backend, self.ctx.clock.now, lambda: self.watermark))
 
     # -- records -----------------------------------------------------------
 
@@ -139,6 +161,11 @@ class _WindowOperator(_Keyed):
         return out, getattr(out, "timestamps", None)
 
     def _add(self, batch: list[Any], timestamps: list[Any] | None) -> list[Any]:
+        if self.heap is not None:
+            if self.gap is not None:
+                return self._add_sessions_heap(batch, timestamps, self.gap)
+            if self.tumbling is not None:
+                return self._add_tumbling_heap(batch, timestamps, self.tumbling)
         backend, windows, timers = self.backend, self.windows, self.timers
         assert backend is not None and windows is not None and timers is not None
         kf, bounds, adapter = self.key_fn, self.bounds, self.adapter
@@ -187,6 +214,173 @@ class _WindowOperator(_Keyed):
             self._failed(batch, i, exc, k)
             raise
         return timestamped(out, stamps) if out else out
+
+    # -- the memory backend's hot paths ------------------------------------
+    #
+    # The same decisions as ``_add`` and ``_add_to_session``, made on the
+    # backend's dicts rather than through the state handles and per-record
+    # method calls, which were most of the operator's time (pyinstrument on
+    # benchmarks/windows.py: handles, timer bookkeeping and ``_open`` took
+    # 4/5 of a session window's time). What is unusual (several sessions of
+    # a key, a late record) takes the general path. A batch's written keys
+    # are recorded at once, as the keyed operators do.
+
+    def _add_tumbling_heap(self, batch: list[Any], timestamps: list[Any] | None,
+                           assigner: _Tumbling) -> list[Any]:
+        table, timers = self.heap, self.timers
+        assert table is not None and timers is not None
+        kf, first, add = self.key_fn, self.adapter.first, self.adapter.add
+        lateness, domain, register = self.lateness, self.domain, timers.register
+        size, offset = assigner.size, assigner.offset
+        now = self.watermark if self.event_time else self.ctx.clock.now()
+        out: list[Any] = []
+        stamps: list[Any] = []
+        seen: list[Any] = []
+        mark = seen.append
+        missing = _MISSING
+        # The last window a record fell in (most records of a batch share it):
+        # [start, end) holds exactly the timestamps ``window_index`` puts there.
+        start, end, w = 1.0, 0.0, (1.0, 0.0)
+        i = 0
+        k: Any = None
+        try:
+            for i, r in enumerate(batch):
+                k = kf(r)
+                t = timestamps[i] if timestamps is not None else now
+                if not start <= t < end:
+                    n = window_index(t, offset, size)
+                    start, end = offset + n * size, offset + (n + 1) * size
+                    w = (start, end)
+                if now >= end + lateness:
+                    self._late(r, t, now, out, stamps)
+                    continue
+                m = table.get(k)
+                if m is None:
+                    check_key(k)
+                    acc = first(r)
+                    table[k] = m = {w: acc}
+                    fresh = True
+                else:
+                    acc = m.get(w, missing)
+                    fresh = acc is missing
+                    acc = m[w] = first(r) if fresh else add(acc, r)
+                mark(k)
+                if fresh:
+                    if end > now:
+                        register(domain, float(end), k)
+                    if lateness and end + lateness > now:
+                        register(domain, float(end + lateness), k)
+                if now >= end:  # late within the allowed lateness: fire again
+                    self._emit(k, w, acc, out, stamps, mark)
+        except Exception as exc:
+            self._failed(batch, i, exc, k)
+            raise
+        finally:
+            if seen and self.changes.keys is not None:
+                self.changes.add_batch(seen)
+        return timestamped(out, stamps) if out else out
+
+    def _add_sessions_heap(self, batch: list[Any], timestamps: list[Any] | None,
+                           gap: float) -> list[Any]:
+        table, timers, backend = self.heap, self.timers, self.backend
+        assert table is not None and isinstance(timers, MovingTimers) and backend is not None
+        kf, first, add = self.key_fn, self.adapter.first, self.adapter.add
+        lateness, domain = self.lateness, self.domain
+        register, move, delete = timers.register, timers.move, timers.delete
+        now = self.watermark if self.event_time else self.ctx.clock.now()
+        out: list[Any] = []
+        stamps: list[Any] = []
+        seen: list[Any] = []
+        mark = seen.append
+        i = 0
+        k: Any = None
+        try:
+            for i, r in enumerate(batch):
+                k = kf(r)
+                t = timestamps[i] if timestamps is not None else now
+                if type(t) is not float:
+                    t = float(t)  # so that bounds and timer times are floats
+                m = table.get(k)
+                if m is not None and len(m) == 1:
+                    ((w, acc),) = m.items()
+                    s, e = w
+                    ne = t + gap
+                    if t <= e and s <= ne:  # the record's window meets the session
+                        # The cover, as merge_bounds: min/max keep the first of equals.
+                        ns = s if s < t else t
+                        if e > ne:
+                            ne = e
+                        if now >= ne + lateness:
+                            self._late(r, t, now, out, stamps)
+                            continue
+                        acc = add(acc, r)
+                        if ns == s and ne == e:
+                            m[w] = acc
+                        else:
+                            # A fresh dict rather than a delete and an insert,
+                            # whose deleted slot later lookups would skip.
+                            w = (ns, ne)
+                            table[k] = {w: acc}
+                            if ne != e:
+                                # The old end's timers move to the new end
+                                # (no other window needs them); a fire time
+                                # already passed fires below instead. The
+                                # cleanup time first: the new fire time may
+                                # be the old cleanup time.
+                                if lateness:
+                                    move(domain, e + lateness, ne + lateness, k)
+                                if ne > now:
+                                    move(domain, e, ne, k)
+                                else:
+                                    delete(domain, e, k)
+                        mark(k)
+                        if now >= ne:
+                            self._emit(k, w, acc, out, stamps, mark)
+                        continue
+                if m is None or len(m) == 1:
+                    # A session of its own: the key's first, or one beside
+                    # (before or after) the key's only session.
+                    if m is None:
+                        check_key(k)
+                    e = t + gap
+                    if now >= e + lateness:
+                        self._late(r, t, now, out, stamps)
+                        continue
+                    w = (t, e)
+                    acc = first(r)
+                    if m is None:
+                        table[k] = {w: acc}
+                    else:
+                        m[w] = acc
+                    mark(k)
+                    if e > now:
+                        register(domain, e, k)
+                    if lateness and e + lateness > now:
+                        register(domain, e + lateness, k)
+                    if now >= e:
+                        self._emit(k, w, acc, out, stamps, mark)
+                    continue
+                backend.current_key = k
+                self._add_to_session(k, r, t, now, out, stamps)
+        except Exception as exc:
+            self._failed(batch, i, exc, k)
+            raise
+        finally:
+            if seen and self.changes.keys is not None:
+                self.changes.add_batch(seen)
+        return timestamped(out, stamps) if out else out
+
+    def _emit(self, key: Any, w: Bounds, acc: Any, out: list[Any], stamps: list[Any],
+              mark: Callable[[Any], None]) -> None:
+        """Fire ``key``'s window ``w`` whose accumulator is ``acc``."""
+        if type(acc) not in SCALARS:
+            mark(key)  # the function may change it in place, as any state lent out
+        end = float(w[1])
+        results = self.adapter.result_for(key, float(w[0]), end, acc)
+        if results:
+            out.extend(results)
+            stamp = math.nextafter(end, -_INF) if self.event_time else None
+            stamps.extend([stamp] * len(results))
 
     def _add_to_session(self, k: Any, r: Any, t: float, now: float,
                         out: list[Any], stamps: list[Any]) -> None:
@@ -271,6 +465,8 @@ class _WindowOperator(_Keyed):
     def _on_time(self, until: float) -> list[Any]:
         """Run the timers due at ``until``: fire the windows that end at a
         timer's time, drop those whose cleanup time has come."""
+        if self.heap is not None:
+            return self._on_time_heap(until, self.heap)
         timers, windows = self.timers, self.windows
         assert timers is not None and windows is not None
         lateness = self.lateness
@@ -283,6 +479,44 @@ class _WindowOperator(_Keyed):
                     self._fire(key, w, out, stamps)
                 if end + lateness <= t:
                     windows.remove(w)
+        return timestamped(out, stamps) if out else out
+
+    def _on_time_heap(self, until: float, table: dict[Any, dict[Bounds, Any]]) -> list[Any]:
+        """``_on_time`` on the memory backend's table."""
+        timers = self.timers
+        assert timers is not None
+        lateness = self.lateness
+        out: list[Any] = []
+        stamps: list[Any] = []
+        seen: list[Any] = []
+        mark = seen.append
+        emit = self._emit
+        try:
+            for t, key in timers.pop_due(self.domain, until):
+                m = table.get(key)
+                if not m:
+                    continue  # left behind by a merged session
+                if len(m) == 1:
+                    w = next(iter(m))
+                    end = w[1]
+                    if end == t:
+                        emit(key, w, m[w], out, stamps, mark)
+                    if end + lateness <= t:
+                        del table[key]
+                        mark(key)
+                    continue
+                for w in sorted(m, key=_by_end):
+                    end = w[1]
+                    if end == t:
+                        emit(key, w, m[w], out, stamps, mark)
+                    if end + lateness <= t:
+                        del m[w]
+                        mark(key)
+                if not m:
+                    del table[key]
+        finally:
+            if seen and self.changes.keys is not None:
+                self.changes.add_batch(seen)
         return timestamped(out, stamps) if out else out
 
     def on_watermark(self, watermark: float) -> list[Any]:

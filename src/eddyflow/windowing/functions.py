@@ -8,7 +8,8 @@ An adapter turns ``reduce(fn)``, ``aggregate(agg)``, ``sum(value_fn)``,
 * ``add(acc, value) -> acc``: fold in one more record;
 * ``merge(a, b) -> acc``: the accumulator of two merging session windows
   (``a`` the earlier window's);
-* ``result(key, window, acc) -> list``: what the window emits when it fires.
+* ``result(key, window, acc) -> list``: what the window emits when it fires
+  (``result_for(key, start, end, acc)`` the same from the bounds).
 
 Accumulators are plain values (the running reduce value, the sum, an
 ``int`` count, the user's accumulator, a tuple of elements for ``process``)
@@ -114,7 +115,12 @@ class WindowAdapter(ABC):
 
     def result(self, key: Any, window: TimeWindow, accumulator: Any) -> list[Any]:
         """What the window emits when it fires: one ``WindowResult``."""
-        return [WindowResult(key, window.start, window.end, self.value(accumulator))]
+        return self.result_for(key, window.start, window.end, accumulator)
+
+    def result_for(self, key: Any, start: float, end: float, accumulator: Any) -> list[Any]:
+        """``result`` for the window ``[start, end)``, without building a
+        ``TimeWindow`` unless the function needs one (the operator's hot path)."""
+        return [WindowResult(key, start, end, self.value(accumulator))]
 
     def value(self, accumulator: Any) -> Any:
         """The value of ``WindowResult`` (incremental adapters)."""
@@ -227,6 +233,9 @@ class ProcessAdapter(WindowAdapter):
 
     def result(self, key: Any, window: TimeWindow, accumulator: Sequence[Any]) -> list[Any]:
         return list(self.fn.process(key, window, list(accumulator)))
+
+    def result_for(self, key: Any, start: float, end: float, accumulator: Any) -> list[Any]:
+        return self.result(key, TimeWindow(start, end), accumulator)
 
 
 def check_window_function(adapter: WindowAdapter, assigner: WindowAssigner) -> None:
