@@ -98,12 +98,14 @@ class MovingTimers:
     def move(self, domain: str, old: float, new: float, key: Any) -> None:
         """``delete(old)`` and ``register(new)``; for ``new > old`` the index
         is not touched."""
-        rows = self._rows.get(key)
-        entry = (domain, old)
-        if rows is not None and len(rows) == 1 and entry in rows:
+        table = self._rows
+        rows = table.get(key)
+        if rows is not None and len(rows) == 1 and (domain, old) in rows:
             # A fresh dict: a delete would leave a slot that lookups skip.
-            self._rows[key] = {(domain, new): None}
-            self._written(key)
+            table[key] = {(domain, new): None}
+            written = self._changes.keys
+            if written is not None:
+                written[key] = None
             if new < old:
                 self._index(key, new)
             return
@@ -153,7 +155,14 @@ class MovingTimers:
             if first.get(key) != t:
                 continue  # stale: the key was indexed earlier since
             del first[key]
-            due = self._earliest(key)
+            rows = self._rows.get(key)
+            due: float | None
+            if rows is not None and len(rows) == 1:  # the common case, inline
+                ((d, due),) = rows
+                if d != domain:
+                    continue
+            else:
+                due = self._earliest(key)
             if due is None:
                 continue  # its timers were all deleted
             if due > t:

@@ -301,63 +301,78 @@ class _WindowOperator(_Keyed):
                 if type(t) is not float:
                     t = float(t)  # so that bounds and timer times are floats
                 m = table.get(k)
-                if m is not None and len(m) == 1:
+                ne = t + gap
+                if m is None:
+                    check_key(k)
+                    meets = 0
+                elif len(m) == 1:
                     ((w, acc),) = m.items()
+                    meets = 1 if w[0] <= ne and t <= w[1] else 0
+                else:
+                    # The key's sessions that the record's window meets (as
+                    # merge_bounds; they do not meet each other).
+                    hit = [w for w in m if w[0] <= ne and t <= w[1]]
+                    meets = len(hit)
+                    if meets == 1:
+                        w = hit[0]
+                        acc = m[w]
+                # One session met: it grows. With other sessions beside it and
+                # a lateness, a timer may be shared with them (a cleanup time
+                # that is another's end): the general path sorts that out.
+                if meets == 1 and m is not None and (len(m) == 1 or not lateness):
                     s, e = w
-                    ne = t + gap
-                    if t <= e and s <= ne:  # the record's window meets the session
-                        # The cover, as merge_bounds: min/max keep the first of equals.
-                        ns = s if s < t else t
-                        if e > ne:
-                            ne = e
-                        if now >= ne + lateness:
-                            self._late(r, t, now, out, stamps)
-                            continue
-                        acc = add(acc, r)
-                        if ns == s and ne == e:
-                            m[w] = acc
-                        else:
-                            # A fresh dict rather than a delete and an insert,
-                            # whose deleted slot later lookups would skip.
-                            w = (ns, ne)
-                            table[k] = {w: acc}
-                            if ne != e:
-                                # The old end's timers move to the new end
-                                # (no other window needs them); a fire time
-                                # already passed fires below instead. The
-                                # cleanup time first: the new fire time may
-                                # be the old cleanup time.
-                                if lateness:
-                                    move(domain, e + lateness, ne + lateness, k)
-                                if ne > now:
-                                    move(domain, e, ne, k)
-                                else:
-                                    delete(domain, e, k)
-                        mark(k)
-                        if now >= ne:
-                            self._emit(k, w, acc, out, stamps, mark)
-                        continue
-                if m is None or len(m) == 1:
-                    # A session of its own: the key's first, or one beside
-                    # (before or after) the key's only session.
-                    if m is None:
-                        check_key(k)
-                    e = t + gap
-                    if now >= e + lateness:
+                    # The cover, as merge_bounds: min/max keep the first of equals.
+                    ns = s if s < t else t
+                    if e > ne:
+                        ne = e
+                    if now >= ne + lateness:
                         self._late(r, t, now, out, stamps)
                         continue
-                    w = (t, e)
+                    acc = add(acc, r)
+                    if ns == s and ne == e:
+                        m[w] = acc
+                    else:
+                        w = (ns, ne)
+                        if len(m) == 1:
+                            # A fresh dict rather than a delete and an insert,
+                            # whose deleted slot later lookups would skip.
+                            table[k] = {w: acc}
+                        else:
+                            del m[(s, e)]
+                            m[w] = acc
+                        if ne != e:
+                            # The old end's timers move to the new end (no
+                            # other window has them); a fire time already
+                            # passed fires below instead. The cleanup time
+                            # first: the new fire time may be the old cleanup.
+                            if lateness:
+                                move(domain, e + lateness, ne + lateness, k)
+                            if ne > now:
+                                move(domain, e, ne, k)
+                            else:
+                                delete(domain, e, k)
+                    mark(k)
+                    if now >= ne:
+                        self._emit(k, w, acc, out, stamps, mark)
+                    continue
+                if meets == 0:
+                    # A session of its own: the key's first, or one beside
+                    # (before or after) the key's sessions.
+                    if now >= ne + lateness:
+                        self._late(r, t, now, out, stamps)
+                        continue
+                    w = (t, ne)
                     acc = first(r)
                     if m is None:
                         table[k] = {w: acc}
                     else:
                         m[w] = acc
                     mark(k)
-                    if e > now:
-                        register(domain, e, k)
-                    if lateness and e + lateness > now:
-                        register(domain, e + lateness, k)
-                    if now >= e:
+                    if ne > now:
+                        register(domain, ne, k)
+                    if lateness and ne + lateness > now:
+                        register(domain, ne + lateness, k)
+                    if now >= ne:
                         self._emit(k, w, acc, out, stamps, mark)
                     continue
                 backend.current_key = k
