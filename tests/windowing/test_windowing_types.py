@@ -301,3 +301,32 @@ def test_timers_of_a_window() -> None:
     assert on_timer(w, 10.0, 5.0) == (True, False)
     assert on_timer(w, 15.0, 5.0) == (False, True)
     assert on_timer(w, 10.0, 0.0) == (True, True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-10**400, 10**400),  # beyond a float: fsum overflows
+    st.none()), max_size=6), max_size=5))
+def test_a_batch_of_timestamps_moves_the_watermark_as_one_at_a_time(
+        batches: list[list[Any]]) -> None:
+    """``on_events`` (the runtime's batch path) against ``on_event`` per
+    record: the same watermark after each batch, the same error for a bad
+    timestamp."""
+    one, batched = (ef.WatermarkStrategy.bounded_out_of_orderness(2.0, lambda r: r)
+                    .create_generator() for _ in range(2))
+    for batch in batches:
+        try:
+            for t in batch:
+                one.on_event(t)
+            want: Any = one.current_watermark()
+        except (TypeError, ValueError, OverflowError) as exc:
+            want = type(exc)
+        try:
+            batched.on_events(batch)
+            got: Any = batched.current_watermark()
+        except (TypeError, ValueError, OverflowError) as exc:
+            got = type(exc)
+        assert got == want
+        if isinstance(want, type):
+            return  # a failed batch fails the job: nothing comes after it

@@ -52,9 +52,13 @@ class _AssignTimestamps(Operator):
                    ) -> tuple[list[Any], list[Any] | None]:
         extract = self.extract
         stamps = list(map(extract, batch))
-        on_event = self.generator.on_event
-        for t in stamps:
-            on_event(t)
+        on_events = getattr(self.generator, "on_events", None)
+        if on_events is not None:
+            on_events(stamps)
+        else:  # a generator of the user's own
+            on_event = self.generator.on_event
+            for t in stamps:
+                on_event(t)
         if batch and self.idleness is not None:
             self.last_record = self.ctx.clock.now()
             if self.idle:
