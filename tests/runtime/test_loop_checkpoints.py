@@ -279,16 +279,17 @@ class Spy:
 def spy(monkeypatch: pytest.MonkeyPatch) -> Spy:
     s = Spy()
     orig_init = task_module.Task.__init__
-    orig_records = RestoredCheckpoint.backedge_records
+    orig_batches = RestoredCheckpoint.backedge_batches
 
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         orig_init(self, *args, **kwargs)
         s.tasks.append(self)
 
-    def backedge_records(self: RestoredCheckpoint, head_uid: str, subtask: int,
+    def backedge_batches(self: RestoredCheckpoint, head_uid: str, subtask: int,
                          parallelism: int) -> list[Any]:
-        out = orig_records(self, head_uid, subtask, parallelism)
-        s.reinjected.append((self.checkpoint_id, head_uid, subtask, len(out)))
+        out = orig_batches(self, head_uid, subtask, parallelism)
+        s.reinjected.append((self.checkpoint_id, head_uid, subtask,
+                             sum(len(records) for records, _ in out)))
         return out
 
     orig_reinject = JobRunner._reinject_backedge_logs
@@ -307,7 +308,7 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> Spy:
         await orig_put(self, item)
 
     monkeypatch.setattr(task_module.Task, "__init__", init)
-    monkeypatch.setattr(RestoredCheckpoint, "backedge_records", backedge_records)
+    monkeypatch.setattr(RestoredCheckpoint, "backedge_batches", backedge_batches)
     monkeypatch.setattr(JobRunner, "_reinject_backedge_logs", reinject)
     monkeypatch.setattr(FeedbackChannel, "put", put)
     return s
@@ -866,6 +867,54 @@ def check_restored_log(chk: Path, spy: Spy, failed_after: int | None) -> int:
         if "backedge" in part:
             assert (chk / part["backedge"]["file"]["path"]).is_file(), s
     return cid
+
+
+class CheckStamp(ef.KeyedProcessFunction):
+    """Passes a ``(key, id, rounds)`` record on, failing unless it carries
+    its own event timestamp, ``id`` (also after a restore: re-injected
+    back-edge records must keep theirs)."""
+
+    def process(self, value: Any, ctx: ef.RuntimeContext) -> Any:
+        if ctx.timestamp != float(value[1]):
+            raise AssertionError(f"{value} arrived with timestamp {ctx.timestamp!r}")
+        return [value]
+
+
+def event_time_loop_job(env: ef.StreamEnvironment, sink: ef.Sink,
+                        failing: Callable[[Any], Any]) -> None:
+    """``in_flight_job``'s loop over records stamped with their id, a stamp
+    check in the body, and event-time windows of ten ids after it."""
+    records = [(i % KEYS, i, ROUNDS) for i in range(N)]
+    strategy = ef.WatermarkStrategy.bounded_out_of_orderness(1000.0, lambda r: float(r[1]))
+    src = (env.from_collection(records).name("src").map(Pace(2, 0.002)).name("pace")
+           .assign_timestamps_and_watermarks(strategy).name("stamps"))
+    loop = src.iterate().name("head")
+    body = loop.key_by(key0).process(CheckStamp()).name("check")
+    body = body.map(failing).name("failing").map(countdown).name("countdown")
+    loop.close_with(body.filter(lambda r: r[2] > 0).name("again").key_by(key0))
+    (body.filter(lambda r: r[2] <= 0).name("out")
+        .key_by(key0).window(ef.TumblingEventTimeWindows(size=10.0)).count().name("windows")
+        .sink_to(sink).name("sink"))
+
+
+def test_back_edge_records_keep_their_timestamps_across_a_restore(
+        tmp_path: Path, spy: Spy) -> None:
+    chk = tmp_path / "chk"
+    env = ef.StreamEnvironment(parallelism=2, batch_size=8)
+    env.enable_checkpointing(0.01, chk, retained=1000)
+    env.set_restart_strategy(ef.FixedDelayRestart(attempts=1, delay=0))
+    failing = FailAfterLoggedCheckpoint(chk, "head")
+    sink = ef.ListSink()
+    event_time_loop_job(env, sink, failing)
+    result = watched(env.execute_async("event-time loop"), TIMEOUT)
+    assert failing.failures == 1, "no checkpoint with records in flight round the loop completed"
+    assert result.restarts == 1
+    check_restored_log(chk, spy, failing.failed_after)
+    want = Counter((i % KEYS, (i // 10) * 10.0) for i in range(N))
+    got = Counter()
+    for w in sink.results:
+        got[(w.key, w.start)] += w.value
+    assert got == want
 
 
 @pytest.mark.parametrize(("parallelism", "mode", "two_back_edges"), [

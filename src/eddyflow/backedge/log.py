@@ -6,12 +6,14 @@ back-edges, part of checkpoint ``n`` (DESIGN.md §3, steps 3-4).
 
 A batch is pickled the moment it is logged, before the head passes its
 records on: the loop body may change them in place afterwards, and the log
-must hold them as they were at the barrier.
+must hold them as they were at the barrier. It is logged with its records'
+event timestamps, which go back into the loop with them on restore.
 
-File format: one pickle of ``{"format": 2, "channels": {str(index):
-[pickled batch, …]}}`` (format 1 held the record lists themselves; both are
-read) — a log is written once per checkpoint per head subtask, and read
-whole on restore (and by the offline reader).
+File format: one pickle of ``{"format": 3, "channels": {str(index):
+[pickled (records, timestamps or None), …]}}``. Format 2 held pickled record
+lists (no timestamps), format 1 the record lists themselves; all are read.
+A log is written once per checkpoint per head subtask, and read whole on
+restore (and by the offline reader).
 """
 
 from __future__ import annotations
@@ -23,7 +25,11 @@ from typing import Any
 
 from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage, FileHandle
 
-__all__ = ["BackEdgeRecords", "decode_backedge_log", "read_backedge_log", "write_backedge_log"]
+__all__ = ["BackEdgeRecords", "Logged", "decode_backedge_batches", "decode_backedge_log",
+           "read_backedge_batches", "read_backedge_log", "write_backedge_log"]
+
+#: One logged batch: its records and their timestamps (``None``: none).
+Logged = tuple[list[Any], list[Any] | None]
 
 
 @dataclass(frozen=True)
@@ -36,44 +42,73 @@ class BackEdgeRecords:
 
     @staticmethod
     def of(channels: dict[int, list[Any]]) -> BackEdgeRecords:
-        """A log of ``channels``' records, each channel logged as one batch."""
+        """A log of ``channels``' records (without timestamps), each channel
+        logged as one batch."""
         return BackEdgeRecords(
-            {i: [pickle.dumps(list(recs), protocol=pickle.HIGHEST_PROTOCOL)] if recs else []
+            {i: [encode_batch(list(recs), None)] if recs else []
              for i, recs in channels.items()},
             sum(map(len, channels.values())))
 
 
+def encode_batch(records: list[Any], timestamps: list[Any] | None) -> bytes:
+    """One logged batch as the log stores it (pickling may raise: the
+    caller names the record)."""
+    return pickle.dumps((records, timestamps), protocol=pickle.HIGHEST_PROTOCOL)
+
+
 async def write_backedge_log(storage: CheckpointStorage, relpath: str,
                              log: BackEdgeRecords) -> FileHandle:
-    body = pickle.dumps({"format": 2,
+    body = pickle.dumps({"format": 3,
                          "channels": {str(i): blobs for i, blobs in log.channels.items()}},
                         protocol=pickle.HIGHEST_PROTOCOL)
     return await storage.write_file(relpath, [body])
 
 
-def read_backedge_log(root: str, handle: FileHandle) -> dict[int, list[Any]]:
+def _read(root: str, handle: FileHandle) -> tuple[bytes, str]:
     path = os.path.join(root, handle.path)
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            return f.read(), path
     except OSError as exc:
         raise CheckpointCorrupted(f"{path}: unreadable back-edge log: {exc}") from exc
-    return decode_backedge_log(data, path)
+
+
+def read_backedge_log(root: str, handle: FileHandle) -> dict[int, list[Any]]:
+    return decode_backedge_log(*_read(root, handle))
+
+
+def read_backedge_batches(root: str, handle: FileHandle) -> dict[int, list[Logged]]:
+    return decode_backedge_batches(*_read(root, handle))
 
 
 def decode_backedge_log(data: bytes, path: str) -> dict[int, list[Any]]:
-    """The channels of a back-edge log file's content (``path`` for errors):
-    fresh objects at every call."""
+    """The records of each channel of a back-edge log file's content
+    (``path`` for errors): fresh objects at every call."""
+    return {i: [r for records, _ in batches for r in records]
+            for i, batches in decode_backedge_batches(data, path).items()}
+
+
+def decode_backedge_batches(data: bytes, path: str) -> dict[int, list[Logged]]:
+    """The batches of each channel of a back-edge log file's content, with
+    their timestamps (``None`` for logs of formats 1 and 2)."""
     try:
         body = pickle.loads(data)
-        if body.get("format") == 2:
-            out: dict[int, list[Any]] = {}
-            for i, blobs in body["channels"].items():
-                records: list[Any] = []
-                for blob in blobs:
-                    records.extend(pickle.loads(blob))
-                out[int(i)] = records
-            return out
-        return {int(i): list(recs) for i, recs in body["channels"].items()}
+        fmt = body.get("format")
+        out: dict[int, list[Logged]] = {}
+        for i, items in body["channels"].items():
+            if fmt == 3:
+                batches: list[Logged] = []
+                for blob in items:
+                    records, timestamps = pickle.loads(blob)
+                    if timestamps is not None and len(timestamps) != len(records):
+                        raise ValueError(f"a batch of {len(records)} records has "
+                                         f"{len(timestamps)} timestamps")
+                    batches.append((list(records), timestamps))
+                out[int(i)] = batches
+            elif fmt == 2:
+                out[int(i)] = [(list(pickle.loads(blob)), None) for blob in items]
+            else:
+                out[int(i)] = [(list(items), None)] if items else []
+        return out
     except Exception as exc:
         raise CheckpointCorrupted(f"{path}: unreadable back-edge log: {exc}") from exc

@@ -228,19 +228,23 @@ class JobRunner:
             if t.gate is None or t.head_of is None:
                 continue
             head_uid = t.operators[0].uid
-            records = restored.backedge_records(head_uid, t.subtask, t.parallelism)
-            if not records:
+            batches = restored.backedge_batches(head_uid, t.subtask, t.parallelism)
+            if not batches:
                 continue
             channel = t.gate.channels[next(i for i, r in enumerate(t.regular) if not r)]
-            t.head_of.in_flight += len(records)
-            # In batches, as the records were sent: a log holds everything in
-            # flight round the loop (tens of thousands of records), and one
-            # batch of it would be one long turn of the head and one huge
-            # output batch downstream. The feedback channel is unbounded, so
-            # this never waits for the head.
+            t.head_of.in_flight += sum(len(records) for records, _ in batches)
+            # In batches, as the records were sent (and with their
+            # timestamps): a log holds everything in flight round the loop
+            # (tens of thousands of records), and one batch of it would be
+            # one long turn of the head and one huge output batch
+            # downstream. The feedback channel is unbounded, so this never
+            # waits for the head.
             size = t.batch_size
-            for start in range(0, len(records), size):
-                await channel.put(RecordBatch(records[start:start + size]))
+            for records, stamps in batches:
+                for start in range(0, len(records), size):
+                    await channel.put(RecordBatch(
+                        records[start:start + size], None,
+                        None if stamps is None else stamps[start:start + size]))
 
     async def run(self) -> JobResult:
         started = time.monotonic()

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from eddyflow.backedge.log import read_backedge_log
+from eddyflow.backedge.log import Logged, read_backedge_batches
 from eddyflow.errors import IncompatibleCheckpoint
 from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.keygroups import key_group_range
@@ -240,16 +240,23 @@ class RestoredCheckpoint:
         return kinds
 
     def backedge_records(self, head_uid: str, subtask: int, parallelism: int) -> list[Any]:
-        """The records logged on the back-edges of loop head ``head_uid`` for
-        ``subtask``. At another parallelism the logs of old subtasks are dealt
-        out round-robin: any head subtask may process any fed-back record
-        unless the feedback is keyed, and keyed state is re-partitioned anyway
-        by the head's downstream keyed operators."""
+        """The records of :meth:`backedge_batches`."""
+        return [r for records, _ in self.backedge_batches(head_uid, subtask, parallelism)
+                for r in records]
+
+    def backedge_batches(self, head_uid: str, subtask: int, parallelism: int
+                         ) -> list[Logged]:
+        """The batches logged on the back-edges of loop head ``head_uid`` for
+        ``subtask``, with their records' timestamps. At another parallelism
+        the logs of old subtasks are dealt out round-robin: any head subtask
+        may process any fed-back record unless the feedback is keyed, and
+        keyed state is re-partitioned anyway by the head's downstream keyed
+        operators."""
         op = self.operators.get(head_uid)
         if op is None:
             return []
         old_p = op.parallelism
-        out: list[Any] = []
+        out: list[Logged] = []
         for s, part in sorted(op.subtasks.items()):
             if part.backedge is None:
                 continue
@@ -257,7 +264,7 @@ class RestoredCheckpoint:
                 continue
             if old_p != parallelism and s % parallelism != subtask:
                 continue
-            channels = read_backedge_log(self.storage.root, part.backedge.file)
+            channels = read_backedge_batches(self.storage.root, part.backedge.file)
             for i in sorted(channels):
                 out.extend(channels[i])
         return out

@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import pickle
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -41,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from eddyflow.backedge.log import BackEdgeRecords, write_backedge_log
+from eddyflow.backedge.log import BackEdgeRecords, encode_batch, write_backedge_log
 from eddyflow.connectors.source import SourceReader
 from eddyflow.errors import StateSerializationError
 from eddyflow.keygroups import key_group_range
@@ -112,7 +111,7 @@ class _BackEdgeLog:
         """Log ``batch`` as it is now: the loop body may change its records
         in place once the head has passed them on (serialised at capture)."""
         try:
-            data = pickle.dumps(list(batch), protocol=pickle.HIGHEST_PROTOCOL)
+            data = encode_batch(list(batch), getattr(batch, "timestamps", None))
         except Exception as exc:
             found = find_unpicklable((r, r) for r in batch)
             if found is None:
