@@ -340,6 +340,7 @@ class _Keyed(Operator):
         # Where writes to the table are recorded; read its ``keys`` per batch.
         self.changes = Changes(False)
         self._load: Callable[[Any], None] | None = None
+        self._needs_keys: Callable[[], bool] | None = None
 
     def open(self) -> None:
         self.backend = self.ctx.keyed_backend()
@@ -348,10 +349,14 @@ class _Keyed(Operator):
         # A table that caches a database (RocksDB) loads a batch's keys in
         # one round-trip before the loop looks them up.
         self._load = getattr(self.table, "load", None)
+        self._needs_keys = getattr(self.table, "needs_keys", None)
 
     def _prefetch(self, batch: list[Any]) -> None:
         load = self._load
         if load is None:
+            return
+        needs_keys = self._needs_keys
+        if needs_keys is not None and not needs_keys():
             return
         kf = self.key_fn
         keys = []

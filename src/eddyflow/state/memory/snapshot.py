@@ -256,7 +256,7 @@ def _encode(tables: dict[str, dict[Any, Any]], key_sets: list[dict[str, Written]
             else:
                 columns.append((name, list(table), list(table.values()), []))
             continue
-        keys: dict[Any, Any] = {}
+        keys: set[Any] = set()
         for written in key_sets:
             w = written.get(name)
             if w is not None:

@@ -106,6 +106,13 @@ class ValueTable(dict[Any, Any]):
         #: Keys whose cache entry is authoritative (unless ``complete``).
         self.known: set[Any] = set()
 
+    def needs_keys(self) -> bool:
+        """Whether ``load`` would use the keys it is given: not while the
+        cache holds everything there is and has room (then a caller saves
+        computing a batch's keys: a key function call per record, 1/4 of a
+        1M-key running sum's time on a fresh database, py-spy)."""
+        return not self.complete or (len(self) > self.limit and not self.store.busy)
+
     def load(self, keys: Iterable[Any]) -> None:
         """Bring ``keys`` into the cache (one multi-get for those it lacks)."""
         if self.complete:
@@ -169,7 +176,7 @@ class ValueTable(dict[Any, Any]):
         them was abandoned)."""
         keys = self.changes.keys
         assert keys is not None
-        keys.update(written_keys(written))
+        keys.update(dict.fromkeys(written_keys(written)))
 
     def evict(self) -> None:
         """Write what changed and drop the older half of the cache (by when
