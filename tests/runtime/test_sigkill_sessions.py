@@ -143,10 +143,12 @@ def kill_and_restart(tmp: Path, backend: StateBackendFactory, *, minutes: float,
 
 def test_sigkill_sessions_example_at_random_moments_then_restore_latest(
         tmp_path: Path, state_backend: StateBackendFactory) -> None:
-    kill_and_restart(tmp_path, state_backend, minutes=12, kills=6, seed=seed(14))
+    # Enough clicks for the runs to outlast their kills (the window operator
+    # got about 4x faster: 12 minutes of clicks ran out before the second kill).
+    kill_and_restart(tmp_path, state_backend, minutes=40, kills=6, seed=seed(14))
 
 
 @pytest.mark.slow
 def test_sigkill_sessions_example_soak_many_kills_more_data(
         tmp_path: Path, state_backend: StateBackendFactory) -> None:
-    kill_and_restart(tmp_path, state_backend, minutes=30, kills=16, seed=seed(1414))
+    kill_and_restart(tmp_path, state_backend, minutes=90, kills=16, seed=seed(1414))
