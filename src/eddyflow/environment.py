@@ -21,8 +21,9 @@ from eddyflow.graph.plan import ExecutionPlan, build_plan
 from eddyflow.keygroups import MAX_PARALLELISM
 from eddyflow.restart import NoRestart, RestartStrategy
 from eddyflow.result import JobResult
+from eddyflow.runtime.barriers import MODES, CheckpointMode
 from eddyflow.runtime.clock import WALL_CLOCK, Clock
-from eddyflow.runtime.coordinator import MODES, CheckpointConfig
+from eddyflow.runtime.coordinator import CheckpointConfig
 from eddyflow.runtime.job import JobRunner, RuntimeConfig
 from eddyflow.runtime.operators import SinkSpec, SourceSpec
 from eddyflow.runtime.restore import RestoredCheckpoint
@@ -168,17 +169,27 @@ class StreamEnvironment:
         mode: str = "exactly_once",
         retained: int = 3,
         timeout: float = 60.0,
+        aligned_timeout: float | None = None,
     ) -> StreamEnvironment:
-        """Take a checkpoint every ``interval`` seconds into ``directory``."""
+        """Take a checkpoint every ``interval`` seconds into ``directory``.
+
+        ``mode="unaligned"``: barriers overtake the records queued in front
+        of them, which become channel state, so checkpoints complete under
+        back-pressure. ``aligned_timeout`` (with ``exactly_once``): each
+        checkpoint starts aligned and switches to unaligned if it is not
+        complete this many seconds after it started."""
         if (isinstance(interval, bool) or not isinstance(interval, int | float)
                 or not interval > 0 or interval == float("inf")):
             raise ValueError(f"checkpoint interval must be > 0 seconds, got {interval!r}")
         if mode not in MODES:
             raise ValueError(f"checkpoint mode must be one of {', '.join(MODES)}; got {mode!r}")
-        if mode == "unaligned":
-            raise NotImplementedError(
-                "unaligned checkpoints are not implemented yet; use 'exactly_once' (aligned)"
-            )
+        if aligned_timeout is not None:
+            if mode != "exactly_once":
+                raise ValueError(f"aligned_timeout switches aligned checkpoints to unaligned: "
+                                 f"it needs mode 'exactly_once', not {mode!r}")
+            if (isinstance(aligned_timeout, bool) or not isinstance(aligned_timeout, int | float)
+                    or not aligned_timeout >= 0):
+                raise ValueError(f"aligned_timeout must be >= 0 seconds, got {aligned_timeout!r}")
         _positive_int(retained, "retained")
         if not os.fspath(directory).strip():
             raise ValueError("checkpoint directory must not be empty (it would be the "
@@ -186,7 +197,8 @@ class StreamEnvironment:
         if not timeout > 0:
             raise ValueError(f"checkpoint timeout must be > 0 seconds, got {timeout!r}")
         self.checkpoint_config = CheckpointConfig(
-            float(interval), os.fspath(directory), mode, retained, float(timeout)
+            float(interval), os.fspath(directory), CheckpointMode(mode), retained, float(timeout),
+            None if aligned_timeout is None else float(aligned_timeout),
         )
         return self
 

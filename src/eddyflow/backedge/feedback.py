@@ -43,7 +43,9 @@ class FeedbackChannel(Channel):
         self._write_at = 0
         self.spilled_batches = 0
 
-    async def put(self, item: Any) -> None:
+    def append(self, item: Any) -> None:
+        # Unbounded, so ``put`` never waits and ends here, as does an
+        # unaligned checkpoint's hand-off.
         if self._disk_items or (self._records >= self.memory_records
                                 and type(item) is RecordBatch):
             self._spill(item)
@@ -51,7 +53,7 @@ class FeedbackChannel(Channel):
             if gate is not None:
                 gate._wake()
             return
-        await super().put(item)
+        super().append(item)
 
     def _spill(self, item: Any) -> None:
         f = self._disk

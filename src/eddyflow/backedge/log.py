@@ -26,6 +26,7 @@ from typing import Any
 from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage, FileHandle
 
 __all__ = ["BackEdgeRecords", "Logged", "decode_backedge_batches", "decode_backedge_log",
+           "decode_logged_channels", "encode_batch", "encode_logged_channels",
            "read_backedge_batches", "read_backedge_log", "write_backedge_log"]
 
 #: One logged batch: its records and their timestamps (``None``: none).
@@ -58,9 +59,7 @@ def encode_batch(records: list[Any], timestamps: list[Any] | None) -> bytes:
 
 async def write_backedge_log(storage: CheckpointStorage, relpath: str,
                              log: BackEdgeRecords) -> FileHandle:
-    body = pickle.dumps({"format": 3,
-                         "channels": {str(i): blobs for i, blobs in log.channels.items()}},
-                        protocol=pickle.HIGHEST_PROTOCOL)
+    body = encode_logged_channels({str(i): blobs for i, blobs in log.channels.items()})
     return await storage.write_file(relpath, [body])
 
 
@@ -91,10 +90,23 @@ def decode_backedge_log(data: bytes, path: str) -> dict[int, list[Any]]:
 def decode_backedge_batches(data: bytes, path: str) -> dict[int, list[Logged]]:
     """The batches of each channel of a back-edge log file's content, with
     their timestamps (``None`` for logs of formats 1 and 2)."""
+    return {int(i): batches
+            for i, batches in decode_logged_channels(data, path, "back-edge log").items()}
+
+
+def encode_logged_channels(channels: dict[str, list[bytes]]) -> bytes:
+    """A file of logged batches per channel (the back-edge log's format,
+    also that of unaligned checkpoints' channel state)."""
+    return pickle.dumps({"format": 3, "channels": channels}, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode_logged_channels(data: bytes, path: str, what: str) -> dict[str, list[Logged]]:
+    """The batches of each channel of such a file, by the channel's name
+    in it; ``what`` names the file in errors."""
     try:
         body = pickle.loads(data)
         fmt = body.get("format")
-        out: dict[int, list[Logged]] = {}
+        out: dict[str, list[Logged]] = {}
         for i, items in body["channels"].items():
             if fmt == 3:
                 batches: list[Logged] = []
@@ -104,11 +116,11 @@ def decode_backedge_batches(data: bytes, path: str) -> dict[int, list[Logged]]:
                         raise ValueError(f"a batch of {len(records)} records has "
                                          f"{len(timestamps)} timestamps")
                     batches.append((list(records), timestamps))
-                out[int(i)] = batches
+                out[str(i)] = batches
             elif fmt == 2:
-                out[int(i)] = [(list(pickle.loads(blob)), None) for blob in items]
+                out[str(i)] = [(list(pickle.loads(blob)), None) for blob in items]
             else:
-                out[int(i)] = [(list(items), None)] if items else []
+                out[str(i)] = [(list(items), None)] if items else []
         return out
     except Exception as exc:
-        raise CheckpointCorrupted(f"{path}: unreadable back-edge log: {exc}") from exc
+        raise CheckpointCorrupted(f"{path}: unreadable {what}: {exc}") from exc

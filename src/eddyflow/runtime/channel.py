@@ -17,21 +17,76 @@ waits, which is how barrier alignment holds back post-barrier records without
 buffering them anywhere else (DESIGN.md §2, step 2). These are hand-made on
 asyncio futures rather than ``asyncio.Queue``s because an asyncio program has
 no way to wait on "whichever of these queues is ready" cheaply.
+
+Unaligned checkpoints (DESIGN.md §2, ``unaligned``) need two more things of a
+channel. A *priority* item (an unaligned barrier) is put at the head of the
+queue, behind earlier priority items only, whatever the capacity: it
+overtakes the records queued, which :meth:`Channel.overtake` hands back as
+they were at that moment (serialised) to become channel state. And a producer
+that waits for space must still be able to take part in a checkpoint: its
+wait can be *interrupted* (:class:`Interrupt`), and the item it was putting
+can be delivered over capacity (:meth:`Channel.deliver_pending`) so that the
+barrier overtakes it too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from eddyflow.runtime.events import RecordBatch
 
-__all__ = ["Channel", "InputGate"]
+__all__ = ["Channel", "InputGate", "Interrupt"]
+
+_NOTHING: Any = object()
+
+
+class Interrupt:
+    """A task's way to be called back while it waits for space in a channel.
+
+    ``request()`` (a priority barrier reached the task's input, a source is
+    asked for a barrier, a checkpoint switched to unaligned) wakes a waiting
+    ``Channel.put`` of the task, which runs ``handler`` in the task's own
+    coroutine and then waits on, unless the handler delivered the item it
+    was putting. Requests made while the task is not waiting are left to its
+    loop, which looks at the same conditions between batches.
+    """
+
+    __slots__ = ("_future", "enabled", "handler", "requested")
+
+    def __init__(self, handler: Callable[[], Awaitable[None]]) -> None:
+        self.handler = handler
+        self.enabled = True  # off while the task ends its input: no snapshot mid-way
+        self.requested = False
+        self._future: asyncio.Future[None] | None = None
+
+    def request(self) -> None:
+        self.requested = True
+        f = self._future
+        if f is not None and not f.done():
+            f.set_result(None)
+
+    async def wait(self, space: asyncio.Future[None], channel: Channel) -> None:
+        """Wait for ``space`` or for the item being put to be delivered,
+        running the handler whenever a request comes meanwhile."""
+        while not space.done() and not channel._delivered:
+            if self.requested and self.enabled:
+                self.requested = False
+                await self.handler()
+                continue
+            f = self._future = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait((space, f), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                self._future = None
 
 
 class Channel:
-    __slots__ = ("_gate", "_items", "_records", "_space_waiters", "capacity", "index", "name")
+    __slots__ = ("_delivered", "_gate", "_items", "_pending", "_priority", "_records",
+                 "_space_waiters", "capacity", "index", "key", "name")
 
     def __init__(self, name: str, capacity: int | None) -> None:
         if capacity is not None and capacity < 1:
@@ -43,6 +98,11 @@ class Channel:
         self._space_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._gate: InputGate | None = None
         self.index = -1
+        #: ``exchange:upstream:downstream``: names the channel in channel state.
+        self.key = name
+        self._priority = 0  # priority items at the head of the queue
+        self._pending: Any = _NOTHING  # the item a waiting put is putting
+        self._delivered = False
 
     def __len__(self) -> int:
         """Batches and events queued."""
@@ -53,46 +113,121 @@ class Channel:
         """Records queued (an event counts as one)."""
         return self._records
 
-    async def put(self, item: Any) -> None:
+    async def put(self, item: Any, interrupt: Interrupt | None = None) -> None:
         cap = self.capacity
         if cap is not None:
             while self._records >= cap:
                 fut = asyncio.get_running_loop().create_future()
                 self._space_waiters.append(fut)
                 try:
-                    await fut
+                    if interrupt is None:
+                        await fut
+                    else:
+                        self._pending = item
+                        try:
+                            await interrupt.wait(fut, self)
+                        finally:
+                            self._pending = _NOTHING
+                        if self._delivered:
+                            self._delivered = False
+                            if not fut.done():
+                                self._space_waiters.remove(fut)
+                            else:
+                                self._release_space()  # pass the wake-up on
+                            return
                 except BaseException:
                     if fut in self._space_waiters:
                         self._space_waiters.remove(fut)
                     raise
+        self.append(item)
+
+    def append(self, item: Any) -> None:
+        """Queue ``item`` whatever the capacity: the part of an unaligned
+        checkpoint's hand-off that may overdraw a channel (by at most a
+        writer's buffer), and restored channel state before a job starts."""
         self._items.append(item)
         self._records += len(item) if type(item) is RecordBatch else 1
         gate = self._gate
         if gate is not None:
             gate._wake()
 
-    def _pop(self) -> Any:
-        item = self._items.popleft()
-        self._records -= len(item) if type(item) is RecordBatch else 1
+    def deliver_pending(self) -> None:
+        """The item a put is waiting to queue goes in now, over capacity;
+        that put returns as done."""
+        if self._pending is not _NOTHING:
+            item, self._pending = self._pending, _NOTHING
+            self._delivered = True
+            self.append(item)
+
+    def drop_pending(self) -> None:
+        """The waiting put's item is not queued after all (the same barrier
+        is about to overtake instead); that put returns as done."""
+        if self._pending is not _NOTHING:
+            self._pending = _NOTHING
+            self._delivered = True
+
+    def overtake(self, item: Any) -> list[RecordBatch]:
+        """Put priority ``item`` at the head of the queue (behind earlier
+        priority items) and return the record batches it overtook, oldest
+        first. The caller serialises them at once: they stay queued, and
+        the consumer's code may change them once it has them."""
+        items = self._items
+        prio = self._priority
+        overtaken = [it for it in itertools.islice(items, prio, None) if type(it) is RecordBatch]
+        items.insert(prio, item)
+        self._priority = prio + 1
+        self._records += 1
+        gate = self._gate
+        if gate is not None:
+            gate._priority_arrived()
+        return overtaken
+
+    def take_before(self, match: Callable[[Any], bool]) -> list[RecordBatch] | None:
+        """If an item that ``match``es is queued: remove it and return the
+        record batches queued before it (they stay queued), else ``None``.
+        How a task that switches a checkpoint to unaligned takes a barrier
+        still stuck behind records on one of its inputs."""
+        items = self._items
+        prio = self._priority
+        for idx, it in enumerate(itertools.islice(items, prio, None), prio):
+            if type(it) is not RecordBatch and match(it):
+                before = [b for b in itertools.islice(items, prio, idx) if type(b) is RecordBatch]
+                del items[idx]
+                self._records -= 1
+                self._release_space()
+                return before
+        return None
+
+    def _release_space(self) -> None:
         waiters = self._space_waiters
         while waiters:
             w = waiters.popleft()
             if not w.done():
                 w.set_result(None)
                 break
+
+    def _pop(self) -> Any:
+        item = self._items.popleft()
+        if self._priority:
+            self._priority -= 1
+        self._records -= len(item) if type(item) is RecordBatch else 1
+        self._release_space()
         return item
 
 
 class InputGate:
     """The input channels of one task, read in turn."""
 
-    __slots__ = ("_next", "_waiter", "blocked", "channels")
+    __slots__ = ("_next", "_priorities", "_waiter", "blocked", "channels", "interrupt")
 
     def __init__(self, channels: list[Channel]) -> None:
         self.channels = channels
         self.blocked = [False] * len(channels)
         self._waiter: asyncio.Future[None] | None = None
         self._next = 0
+        self._priorities = 0  # priority items queued over all channels
+        #: The reading task's, told when a priority item arrives.
+        self.interrupt: Interrupt | None = None
         for i, ch in enumerate(channels):
             if ch._gate is not None:
                 raise ValueError(f"channel {ch.name} already feeds a gate")
@@ -104,8 +239,27 @@ class InputGate:
         if w is not None and not w.done():
             w.set_result(None)
 
+    def _priority_arrived(self) -> None:
+        self._priorities += 1
+        self._wake()
+        if self.interrupt is not None:
+            self.interrupt.request()
+
+    def poll_priority(self) -> tuple[int, Any] | None:
+        """The next priority item, blocked channel or not, if one is queued."""
+        if not self._priorities:
+            return None
+        for i, ch in enumerate(self.channels):
+            if ch._priority:
+                self._priorities -= 1
+                return i, ch._pop()
+        raise AssertionError("a priority item was counted but none is queued")
+
     def poll(self) -> tuple[int, Any] | None:
-        """The next item of an unblocked channel, or ``None`` if none has one."""
+        """The next item of an unblocked channel, or ``None`` if none has one.
+        Priority items come first, from any channel."""
+        if self._priorities:
+            return self.poll_priority()
         chans = self.channels
         n = len(chans)
         start = self._next
@@ -144,6 +298,8 @@ class InputGate:
             self._waiter = None
 
     def poll_ready(self) -> bool:
+        if self._priorities:
+            return True
         return any(ch._items and not self.blocked[i] for i, ch in enumerate(self.channels))
 
     def backlog(self) -> int:

@@ -33,6 +33,7 @@ import anyio
 
 from eddyflow.connectors.sink import Sink
 from eddyflow.graph.plan import ExecutionPlan
+from eddyflow.runtime.barriers import CheckpointMode
 from eddyflow.runtime.events import Barrier
 from eddyflow.runtime.faults import fault_point
 from eddyflow.state.commits import (
@@ -56,20 +57,21 @@ from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage, FileH
 if TYPE_CHECKING:
     from eddyflow.runtime.task import Task
 
-__all__ = ["MODES", "CheckpointConfig", "CheckpointCoordinator", "TaskSnapshot"]
+__all__ = ["CheckpointConfig", "CheckpointCoordinator", "TaskSnapshot"]
 
 log = logging.getLogger("eddyflow.checkpoints")
-
-MODES = ("exactly_once", "at_least_once", "unaligned", "synchronous")
 
 
 @dataclass(frozen=True)
 class CheckpointConfig:
     interval: float
     directory: str
-    mode: str = "exactly_once"
+    mode: CheckpointMode = CheckpointMode.EXACTLY_ONCE
     retained: int = 3
     timeout: float = 60.0
+    #: Seconds after which an aligned checkpoint still in flight switches
+    #: to unaligned at every task that has not acknowledged it.
+    aligned_timeout: float | None = None
 
 
 @dataclass
@@ -83,6 +85,10 @@ class TaskSnapshot:
     alignment_duration: float = 0.0
     sync_duration: float = 0.0
     async_duration: float = 0.0
+    #: Whether the task took it unaligned, and the channel state it wrote.
+    unaligned: bool = False
+    channel_state_records: int = 0
+    channel_state_size: int = 0
 
 
 @dataclass
@@ -91,6 +97,7 @@ class _Pending:
     trigger_time: float
     started: float
     final: bool
+    switched: bool = False  # to unaligned, after the aligned timeout
     acks: dict[tuple[int, int], TaskSnapshot] = field(default_factory=dict)
     #: Each acknowledgement's operator parts, read into the metadata model.
     parts: dict[tuple[int, int], dict[str, SubtaskState]] = field(default_factory=dict)
@@ -114,7 +121,7 @@ class CheckpointCoordinator:
         #: folder's checkpoint it was last restored from (state/commits.py).
         self.lineage = lineage
         self.base = base
-        self.mode = config.mode if config else "exactly_once"
+        self.mode = CheckpointMode(config.mode) if config else CheckpointMode.EXACTLY_ONCE
         self.storage = CheckpointStorage(config.directory) if config else None
         self.job_name = job_name
         self.plan = plan
@@ -162,7 +169,15 @@ class CheckpointCoordinator:
 
     @property
     def synchronous(self) -> bool:
-        return self.mode == "synchronous"
+        return self.mode is CheckpointMode.SYNCHRONOUS
+
+    @property
+    def may_go_unaligned(self) -> bool:
+        """Whether barriers may overtake records in this job: tasks then
+        take part in checkpoints while they wait for channel space."""
+        cfg = self.config
+        return cfg is not None and (self.mode is CheckpointMode.UNALIGNED
+                                    or cfg.aligned_timeout is not None)
 
     # -- triggering --------------------------------------------------------
 
@@ -179,7 +194,14 @@ class CheckpointCoordinator:
             pending = self._trigger()
             if pending is None:
                 continue
-            with anyio.move_on_after(cfg.timeout):
+            timeout = cfg.timeout
+            if cfg.aligned_timeout is not None and cfg.aligned_timeout < timeout:
+                with anyio.move_on_after(cfg.aligned_timeout):
+                    await pending.done.wait()
+                if not pending.done.is_set() and pending.id not in self._completing:
+                    self._switch_to_unaligned(pending)
+                timeout -= cfg.aligned_timeout
+            with anyio.move_on_after(timeout):
                 await pending.done.wait()
             if not pending.done.is_set():
                 if pending.id in self._completing:
@@ -203,7 +225,8 @@ class CheckpointCoordinator:
         self._pending = pending
         if self.synchronous:
             self._resume = anyio.Event()
-        barrier = Barrier(n, pending.trigger_time)
+        barrier = Barrier(n, pending.trigger_time,
+                          unaligned=self.mode is CheckpointMode.UNALIGNED)
         # Checkpoints go on after sources finish (a loop outlives its input):
         # a finished task acknowledges with its final state; a running source
         # emits the barrier; so does a loop head whose inputs have all ended,
@@ -213,6 +236,18 @@ class CheckpointCoordinator:
                 self._spawn_final_ack(t, barrier)
         return pending
 
+    def _switch_to_unaligned(self, p: _Pending) -> None:
+        """The aligned timeout passed: every task that has not acknowledged
+        ``p`` takes it unaligned from now on."""
+        if self._pending is not p:
+            return
+        p.switched = True
+        log.info("checkpoint %d: not aligned after %.3f s; switching to unaligned",
+                 p.id, time.monotonic() - p.started)
+        for t in self.tasks:
+            if (t.chain_index, t.subtask) not in p.acks and not t.finished:
+                t.switch_to_unaligned(p.id)
+
     @property
     def next_id(self) -> int:
         """The id the next checkpoint of this coordinator would get."""
@@ -221,7 +256,8 @@ class CheckpointCoordinator:
     def pending_barrier(self) -> Barrier | None:
         """The barrier of the periodic checkpoint in flight, if any."""
         p = self._pending
-        return None if p is None else Barrier(p.id, p.trigger_time)
+        return None if p is None else Barrier(
+            p.id, p.trigger_time, unaligned=self.mode is CheckpointMode.UNALIGNED or p.switched)
 
     def _spawn_final_ack(self, task: Task, barrier: Barrier) -> None:
         spawn = task.spawn
@@ -317,6 +353,9 @@ class CheckpointCoordinator:
                 "checkpoint_id": p.id, "duration": meta.duration,
                 "alignment_duration": meta.alignment_duration,
                 "checkpointed_size": meta.checkpointed_size, "full_size": meta.full_size,
+                "unaligned": meta.unaligned, "switched": p.switched,
+                "channel_state_records": meta.channel_state_records,
+                "channel_state_bytes": meta.channel_state_size,
             })
             log.info("checkpoint %d complete in %.3f s", p.id, duration)
         by_sink = self._committables(p)
@@ -449,6 +488,9 @@ class CheckpointCoordinator:
             full_size=full_size,
             lineage=self.lineage or None,
             base=self.base,
+            unaligned=any(s.unaligned for s in p.acks.values()),
+            channel_state_records=sum(s.channel_state_records for s in p.acks.values()),
+            channel_state_size=sum(s.channel_state_size for s in p.acks.values()),
             tasks={f"{names[k]}[{k[1]}]": TaskStats(s.alignment_duration, s.sync_duration,
                                                      s.async_duration)
                    for k, s in sorted(p.acks.items())},

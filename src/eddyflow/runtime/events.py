@@ -93,6 +93,9 @@ class Barrier:
 
     checkpoint_id: int
     timestamp: float
+    #: Overtakes records (an unaligned checkpoint): it travels as a priority
+    #: item, and the task that gets it snapshots at once.
+    unaligned: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from eddyflow.backedge.feedback import FeedbackChannel
 from eddyflow.errors import JobFailed, RestoreFailed
 from eddyflow.graph.logical import Partitioning
 from eddyflow.graph.plan import ExchangeSpec, ExecutionPlan
+from eddyflow.keygroups import stable_hash, subtask_for_key_group
 from eddyflow.result import JobResult, merge_state
 from eddyflow.runtime.channel import Channel, InputGate
 from eddyflow.runtime.clock import WALL_CLOCK, Clock
@@ -36,7 +37,7 @@ from eddyflow.runtime.writers import (
 from eddyflow.state import writer as writer_process
 from eddyflow.state.abc import StateBackend
 
-__all__ = ["JobRunner", "RuntimeConfig"]
+__all__ = ["JobRunner", "RuntimeConfig", "channel_key"]
 
 log = logging.getLogger("eddyflow.checkpoints")
 
@@ -53,6 +54,58 @@ class RuntimeConfig:
     clock: Clock = WALL_CLOCK
     #: Seconds between a generator's watermarks while busy (0: every batch).
     auto_watermark_interval: float = 0.2
+
+
+def channel_key(exchange: str, upstream: int, downstream: int) -> str:
+    """How channel state names a channel: ``source->target/up/down``."""
+    return f"{exchange}/{upstream}/{downstream}"
+
+
+class _Rerouter:
+    """Channel state of one exchange restored at another parallelism: each
+    record goes where the exchange would send it now."""
+
+    def __init__(self, x: ExchangeSpec, chans: dict[tuple[int, int], Channel],
+                 max_parallelism: int, old_down: int | None) -> None:
+        if x.partitioning is Partitioning.BROADCAST:
+            # Each downstream subtask had consumed its copies up to its own
+            # point: no new subtask's share can be told apart.
+            raise RestoreFailed(
+                f"cannot restore the channel state of broadcast exchange "
+                f"{x.source_node}->{x.target_node} at another parallelism "
+                f"(it was {old_down}); restore at the same parallelism, or from "
+                "an aligned checkpoint")
+        self.x = x
+        self.chans = chans
+        self.max_parallelism = max_parallelism
+        self.ups = sorted({u for u, _ in chans})
+        self.downs = sorted({d for _, d in chans})
+        self._next = 0
+
+    def route(self, old_up: int, old_down: int, records: list[Any],
+              stamps: list[Any] | None) -> None:
+        x = self.x
+        up = self.ups[old_up % len(self.ups)]
+        if x.partitioning is Partitioning.KEY_GROUP:
+            assert x.key_fn is not None
+            p = len(self.downs)
+            out: dict[int, tuple[list[Any], list[Any]]] = {}
+            for k, r in enumerate(records):
+                group = stable_hash(x.key_fn(r)) % self.max_parallelism
+                d = subtask_for_key_group(group, self.max_parallelism, p)
+                recs, ts = out.setdefault(d, ([], []))
+                recs.append(r)
+                ts.append(None if stamps is None else stamps[k])
+            for d, (recs, ts) in sorted(out.items()):
+                self.chans[(up, d) if (up, d) in self.chans else (d, d)].append(
+                    RecordBatch(recs, None, None if stamps is None else ts))
+            return
+        if x.partitioning is Partitioning.FORWARD:
+            self.chans[(up, up)].append(RecordBatch(records, None, stamps))
+            return
+        d = self.downs[self._next % len(self.downs)]  # rebalance: any subtask will do
+        self._next += 1
+        self.chans[(up, d)].append(RecordBatch(records, None, stamps))
 
 
 class JobRunner:
@@ -86,6 +139,7 @@ class JobRunner:
         self._spawn: Any = None
         self.loops = [LoopTracker(i) for i in range(len(plan.loops))]
         self.feedback_channels: list[FeedbackChannel] = []
+        self.exchange_channels: list[tuple[ExchangeSpec, dict[tuple[int, int], Channel]]] = []
 
     def _channels(self, x: ExchangeSpec) -> dict[tuple[int, int], Channel]:
         """Channels of one exchange, by (upstream subtask, downstream subtask)."""
@@ -105,12 +159,17 @@ class JobRunner:
             return ch
 
         if x.partitioning is Partitioning.FORWARD:
-            return {(i, i): make(f"{name}[{i}]") for i in range(p_up)}
-        return {
-            (i, j): make(f"{name}[{i}->{j}]")
-            for i in range(p_up)
-            for j in range(p_down)
-        }
+            chans = {(i, i): make(f"{name}[{i}]") for i in range(p_up)}
+        else:
+            chans = {
+                (i, j): make(f"{name}[{i}->{j}]")
+                for i in range(p_up)
+                for j in range(p_down)
+            }
+        for (i, j), ch in chans.items():
+            ch.key = channel_key(name, i, j)
+        self.exchange_channels.append((x, chans))
+        return chans
 
     def _writer(self, x: ExchangeSpec, channels: list[Channel], subtask: int) -> RecordWriter:
         nodes = self.plan.graph.nodes
@@ -218,6 +277,55 @@ class JobRunner:
                 raise RestoreFailed(f"cannot restore sink '{uid}' from {folder}: "
                                     f"{type(exc).__name__}: {exc}") from exc
 
+    def _reinject_channel_state(self) -> None:
+        """Restore of an unaligned checkpoint: the records that were in
+        flight on each channel go back into it, in order, before anything
+        new (the upstream subtask resumes after them). At another
+        parallelism they are routed as the exchange routes: by key group
+        into keyed operators, never round-robin."""
+        restored = self.restore
+        if restored is None:
+            return
+        state = restored.channel_state()
+        if not state:
+            return
+        nodes = self.plan.graph.nodes
+        placed: set[str] = set()
+        for x, chans in self.exchange_channels:
+            if x.back_edge:
+                continue
+            up, down = nodes[x.source_node].uid, nodes[x.target_node].uid
+            prefix = f"{up}->{down}/"
+            mine = {k: v for k, v in state.items() if k.startswith(prefix)}
+            placed.update(mine)
+            if not mine:
+                continue
+            same = (restored.parallelism_of(up) == self.plan.parallelism[x.source_node]
+                    and restored.parallelism_of(down) == self.plan.parallelism[x.target_node])
+            tracker = self.loops[x.loop] if x.loop is not None else None
+            router = None if same else _Rerouter(x, chans, self.config.max_parallelism,
+                                                 restored.parallelism_of(down))
+            for key, batches in mine.items():
+                old_up, old_down = (int(p) for p in key[len(prefix):].split("/"))
+                for records, stamps in batches:
+                    if router is None:
+                        chans[(old_up, old_down)].append(RecordBatch(records, None, stamps))
+                    else:
+                        router.route(old_up, old_down, records, stamps)
+                    if tracker is not None:
+                        tracker.in_flight += len(records)
+        lost = sorted({k.rsplit("/", 2)[0] for k in state if k not in placed and state[k]})
+        if lost:
+            # Its records would be lost without a word: the two operators
+            # are chained now (same parallelism), or the edge is gone.
+            folder = restored.storage.checkpoint_dir(restored.checkpoint_id)
+            raise RestoreFailed(
+                f"cannot restore {folder}: it holds records in flight on "
+                f"{', '.join(lost)}, and this job has no such exchange (the operators are "
+                "chained at this parallelism, or the edge is gone); restore at a "
+                "parallelism that keeps the exchange, disable chaining, or restore "
+                "from an aligned checkpoint")
+
     async def _reinject_backedge_logs(self) -> None:
         """Restore (DESIGN.md §3, step 4): the records logged on the back-edges
         go back into the head's back-edge input before anything else."""
@@ -251,6 +359,7 @@ class JobRunner:
         self._recover_sinks()
         tasks = self.build()
         await self._reinject_backedge_logs()
+        self._reinject_channel_state()
         coordinator = self.coordinator
         writer = await self._start_writer()
         try:

@@ -13,6 +13,7 @@ from eddyflow.backedge.log import Logged, read_backedge_batches
 from eddyflow.errors import IncompatibleCheckpoint
 from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.keygroups import key_group_range
+from eddyflow.runtime.channel_state import read_channel_state
 from eddyflow.runtime.valve import decode_watermark
 from eddyflow.state.abc import KeyedStateHandle
 from eddyflow.state.metadata import CheckpointMetadata, OperatorState, SubtaskState
@@ -47,6 +48,9 @@ def _held_state(op: OperatorState) -> str:
     logs = [p.backedge for p in parts if p.backedge is not None]
     if logs:
         held.append(f"back-edge logs of {_plural(sum(b.records for b in logs), 'record')}")
+    in_flight = sum(p.channel_state.records for p in parts if p.channel_state is not None)
+    if in_flight:
+        held.append(f"channel state of {_plural(in_flight, 'record')}")
     return " and ".join(held)
 
 
@@ -268,6 +272,29 @@ class RestoredCheckpoint:
             for i in sorted(channels):
                 out.extend(channels[i])
         return out
+
+    def channel_state(self) -> dict[str, list[Logged]]:
+        """The records in flight at an unaligned barrier, per channel key
+        (``source->target/upstream/downstream``), in the order they
+        travelled: what the downstream subtask logged on the channel after
+        its snapshot, then what the barrier overtook there."""
+        inputs: dict[str, list[Logged]] = {}
+        outputs: dict[str, list[Logged]] = {}
+        for op in self.operators.values():
+            for part in op.subtasks.values():
+                if part.channel_state is None:
+                    continue
+                ins, outs = read_channel_state(self.storage.root, part.channel_state.file)
+                for key, batches in ins.items():
+                    inputs.setdefault(key, []).extend(batches)
+                for key, batches in outs.items():
+                    outputs.setdefault(key, []).extend(batches)
+        return {key: inputs.get(key, []) + outputs.get(key, [])
+                for key in sorted({*inputs, *outputs})}
+
+    def parallelism_of(self, uid: str) -> int | None:
+        op = self.operators.get(uid)
+        return None if op is None else op.parallelism
 
     def committables(self, uid: str) -> list[Any]:
         return list(itertools.chain.from_iterable(

@@ -16,6 +16,15 @@ and writes the snapshot asynchronously while records flow again; the write
 acknowledges to the coordinator. At the end of its input a task snapshots its
 final state for the final checkpoint before it sends end-of-input on.
 
+Unaligned checkpoints (``mode="unaligned"``, or an aligned one switched
+after ``aligned_timeout``): barriers travel as priority items, the task
+snapshots at the first barrier ``n`` and forwards it ahead of its own
+records in flight (``RecordWriter.overtake``); what was overtaken, and what
+arrives on its other inputs until their barrier ``n`` does, is channel state
+(``runtime/channel_state.py``, the same log a loop head keeps of its
+back-edges). A task waiting for channel space takes part through its
+:class:`~eddyflow.runtime.channel.Interrupt`.
+
 Event time (``runtime/valve.py``, mixed in as :class:`EventTime`): records
 carry timestamps beside the batch; ``Watermark`` and ``WatermarkStatus``
 events come in band, the valve takes the minimum over the inputs, and each
@@ -35,16 +44,17 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from eddyflow.backedge.log import BackEdgeRecords, encode_batch, write_backedge_log
+from eddyflow.backedge.log import BackEdgeRecords, write_backedge_log
 from eddyflow.connectors.source import SourceReader
 from eddyflow.errors import StateSerializationError
 from eddyflow.keygroups import key_group_range
-from eddyflow.runtime.channel import InputGate
+from eddyflow.runtime.channel import InputGate, Interrupt
+from eddyflow.runtime.channel_state import ChannelStateLog, encode_batches, write_channel_state
 from eddyflow.runtime.clock import Clock
 from eddyflow.runtime.coordinator import TaskSnapshot
 from eddyflow.runtime.events import (
@@ -62,7 +72,6 @@ from eddyflow.runtime.operators import Operator, OperatorSnapshot
 from eddyflow.runtime.valve import EventTime, WatermarkValve, encode_watermark
 from eddyflow.runtime.writers import KeyRoutingError, RecordWriter
 from eddyflow.state.abc import SnapshotTarget
-from eddyflow.state.serialization import find_unpicklable, reason_of, record_text
 from eddyflow.state.storage import FileHandle, checkpoint_dir_name
 from eddyflow.values import immutable, independent_copy
 
@@ -95,33 +104,12 @@ class _Alignment:
 
 
 @dataclass
-class _BackEdgeLog:
-    """A loop head's log for checkpoint ``checkpoint_id``: what arrives on its
-    back-edge inputs after its snapshot until the barrier comes back round
-    the loop on each of them (DESIGN.md §3, step 3)."""
+class _Captured:
+    """What unaligned barriers overtook on a task's outputs for one
+    checkpoint: per channel key, the batches (pickled) and their records."""
 
-    checkpoint_id: int
-    waiting: set[int]  # back-edge channels whose barrier has not come back
-    records: dict[int, list[bytes]]  # per channel, the batches logged, pickled
-    write: Callable[[BackEdgeRecords], Awaitable[None]]
-    head: str = ""  # the loop head operator's uid, for errors
-    count: int = 0
-
-    def log(self, channel: int, batch: list[Any]) -> None:
-        """Log ``batch`` as it is now: the loop body may change its records
-        in place once the head has passed them on (serialised at capture)."""
-        try:
-            data = encode_batch(list(batch), getattr(batch, "timestamps", None))
-        except Exception as exc:
-            found = find_unpicklable((r, r) for r in batch)
-            if found is None:
-                raise
-            record, why = found
-            raise StateSerializationError(
-                reason_of(why), subject=f"back-edge record {record_text(record)}",
-                operator=self.head, checkpoint=self.checkpoint_id) from exc
-        self.records[channel].append(data)
-        self.count += len(batch)
+    blobs: dict[str, list[bytes]] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
 
 
 class Task(EventTime):
@@ -165,7 +153,15 @@ class Task(EventTime):
         self.head_of = head_of
         # The loop each input channel enters from outside, if any.
         self.input_entries = input_entries if input_entries is not None else [None] * n_in
-        self._backlog: _BackEdgeLog | None = None
+        # The channel-state log of the checkpoint in flight: a loop head's
+        # back-edges, an unaligned checkpoint's inputs without the barrier.
+        self._backlog: ChannelStateLog | None = None
+        self._captured: dict[int, _Captured] = {}
+        self._unaligned_ids: set[int] = set()  # checkpoints this task took unaligned
+        # Checkpoints the coordinator switched to unaligned: requests not yet
+        # acted on, and those whose barrier has not come yet.
+        self._switch_requests: list[int] = []
+        self._switched: set[int] = set()
         # Back-edge channels on which barrier n came back before this head
         # took snapshot n (possible with parallel loops: a tail subtask may
         # depend on other head subtasks only). Blocked until the snapshot.
@@ -200,6 +196,15 @@ class Task(EventTime):
         self._valve = (WatermarkValve(list(self.regular), final_at_end=head_of is None)
                        if gate is not None else None)
         self._init_event_time(clock, auto_watermark_interval)
+        self.interrupt: Interrupt | None = None
+        if coordinator is not None and coordinator.may_go_unaligned:
+            # Barriers may overtake: let this task's waits for channel space
+            # be interrupted to take part in a checkpoint.
+            self.interrupt = Interrupt(self._on_interrupt)
+            for w in writers:
+                w.interrupt = self.interrupt
+            if gate is not None:
+                gate.interrupt = self.interrupt
 
     # -- the chain ---------------------------------------------------------
 
@@ -454,6 +459,8 @@ class Task(EventTime):
             while True:
                 if self._timers_due:
                     await self._fire_processing_time()
+                if self._switch_requests:
+                    await self._on_switches()
                 # A batch already read belongs before the barrier: its
                 # records are counted in the reader's position.
                 if self._trigger is not None and (pending is None or not pending.done()):
@@ -547,10 +554,14 @@ class Task(EventTime):
         await self._write_and_ack(n, snaps, self._final_position, 0.0, 0.0)
 
     async def _inject_barrier(self, reader: SourceReader) -> None:
+        unaligned = self._unaligned_trigger()
         barrier, self._trigger = self._trigger, None
         assert barrier is not None
         self._done_id = max(self._done_id, barrier.checkpoint_id)
-        await self._checkpoint(barrier, position=reader.position())
+        self._switched.discard(barrier.checkpoint_id)
+        if unaligned:
+            barrier = replace(barrier, unaligned=True)
+        await self._checkpoint(barrier, position=reader.position(), unaligned=unaligned)
         coordinator = self.coordinator
         if coordinator is not None and coordinator.synchronous:
             await coordinator.wait_resumed()  # stop the world until it completes
@@ -571,6 +582,8 @@ class Task(EventTime):
         while regular_left or back_left:
             if self._timers_due:
                 await self._fire_processing_time()
+            if self._switch_requests:
+                await self._on_switches()
             trigger = self._trigger
             if trigger is not None:
                 # A loop head whose input has ended starts checkpoints in its
@@ -578,7 +591,7 @@ class Task(EventTime):
                 self._trigger = None
                 if not ended and trigger.checkpoint_id > self._done_id:
                     self._done_id = trigger.checkpoint_id
-                    await self._checkpoint(trigger)
+                    await self._checkpoint(trigger, unaligned=trigger.unaligned)
                 continue
             if not ended and self._loop_is_empty():
                 # A loop head: its input is exhausted and nothing is left
@@ -650,6 +663,9 @@ class Task(EventTime):
                     entry.entry_ended()
                 if self.regular[i]:
                     regular_left -= 1
+                    backlog = self._backlog
+                    if backlog is not None and i in backlog.waiting:
+                        self._log_arrived(i)
                     if self._align is not None:
                         await self._check_aligned(gate)
                     elif regular_left == 0 and self.head_of is not None and not ended:
@@ -684,26 +700,25 @@ class Task(EventTime):
             # and nothing on it belongs to n's back-edge log.
             self._early.setdefault(barrier.checkpoint_id, set()).add(channel)
             coordinator = self.coordinator
-            if gate is not None and (coordinator is None or coordinator.mode != "at_least_once"):
+            if gate is not None and (coordinator is None or coordinator.mode.blocks):
                 gate.block(channel)
             return
         if backlog is None or channel not in backlog.waiting:
             return
         if barrier is not None and barrier.checkpoint_id != backlog.checkpoint_id:
             return  # a stale barrier of an aborted checkpoint
-        backlog.waiting.discard(channel)
-        if not backlog.waiting:
-            self._backlog = None
-            log = BackEdgeRecords(backlog.records, backlog.count)
-
-            async def write() -> None:
-                await backlog.write(log)
-
-            if self.spawn is not None:
-                self.spawn(write)
+        self._log_arrived(channel)
 
     async def _on_barrier(self, gate: InputGate, channel: int, barrier: Barrier) -> None:
         n = barrier.checkpoint_id
+        if barrier.unaligned or n in self._switched:
+            await self._on_unaligned_barrier(gate, channel, barrier)
+            return
+        backlog = self._backlog
+        if backlog is not None and backlog.checkpoint_id == n and channel in backlog.waiting:
+            # Switched to unaligned here while this barrier was on its way.
+            self._log_arrived(channel)
+            return
         al = self._align
         if al is not None and n > al.barrier.checkpoint_id:
             # A newer barrier: the checkpoint being aligned was aborted.
@@ -717,7 +732,7 @@ class Task(EventTime):
             return
         al.seen.add(channel)
         coordinator = self.coordinator
-        if coordinator is None or coordinator.mode != "at_least_once":
+        if coordinator is None or coordinator.mode.blocks:
             gate.block(channel)
         await self._check_aligned(gate)
         if self._align is al:
@@ -734,6 +749,142 @@ class Task(EventTime):
         await self._checkpoint(al.barrier, alignment=time.monotonic() - al.started)
         gate.unblock_all()
 
+    async def _on_unaligned_barrier(self, gate: InputGate, channel: int,
+                                    barrier: Barrier) -> None:
+        """Barrier ``n`` overtook the records on ``channel`` (or ``n`` was
+        switched to unaligned): the first one starts the checkpoint at
+        once; each one ends the logging of its channel."""
+        n = barrier.checkpoint_id
+        backlog = self._backlog
+        if backlog is not None and backlog.checkpoint_id == n:
+            if channel in backlog.waiting:
+                self._log_arrived(channel)
+            return
+        if n <= self._done_id:
+            return  # late barrier of an aborted checkpoint, or one already logged
+        await self._start_unaligned(gate, barrier, {channel})
+
+    async def _start_unaligned(self, gate: InputGate, barrier: Barrier, seen: set[int]) -> None:
+        """Snapshot for ``barrier`` now; log the regular inputs not in
+        ``seen`` until their barrier comes. A barrier already queued behind
+        records on one of them (sent aligned) is taken at once, with the
+        records in front of it as that channel's state."""
+        n = barrier.checkpoint_id
+        al = self._align
+        started = time.monotonic()
+        if al is not None:
+            if al.barrier.checkpoint_id == n:
+                seen = seen | al.seen
+                started = al.started
+            self._align = None
+            gate.unblock_all()
+        self._switched.discard(n)
+        self._done_id = max(self._done_id, n)
+        waiting = {i for i, r in enumerate(self.regular)
+                   if r and not self._ended[i] and i not in seen}
+        taken: dict[int, list[RecordBatch]] = {}
+        for i in sorted(waiting):
+            before = gate.channels[i].take_before(
+                lambda e: type(e) is Barrier and e.checkpoint_id == n)
+            if before is not None:
+                taken[i] = before
+        waiting -= set(taken)
+        await self._checkpoint(replace(barrier, unaligned=True),
+                               alignment=time.monotonic() - started,
+                               unaligned=True, waiting=waiting, taken=taken)
+
+    def _log_arrived(self, channel: int) -> None:
+        """The barrier or the end arrived on a channel the log waits on."""
+        backlog = self._backlog
+        assert backlog is not None
+        if backlog.arrived(channel):
+            self._backlog = None
+
+            async def write() -> None:
+                await backlog.write(backlog)
+
+            if self.spawn is not None:
+                self.spawn(write)
+
+    def switch_to_unaligned(self, checkpoint_id: int) -> None:
+        """Coordinator: checkpoint ``checkpoint_id`` is not aligned after the
+        aligned timeout; take it unaligned from now on."""
+        if self.finished:
+            return
+        self._switch_requests.append(checkpoint_id)
+        if self.interrupt is not None:
+            self.interrupt.request()
+        self._wake()
+
+    async def _on_switches(self) -> None:
+        """Act on the coordinator's switches to unaligned."""
+        requests, self._switch_requests = self._switch_requests, []
+        for n in requests:
+            # Forwarding barrier n aligned, and held up by back-pressure:
+            # overtake instead.
+            for w in self.writers:
+                em = w._emitting
+                if type(em) is Barrier and em.checkpoint_id == n:
+                    self._capture(n, w.overtake(em))
+                    self._unaligned_ids.add(n)
+            trigger = self._trigger
+            if self.reader is not None:
+                if trigger is not None and trigger.checkpoint_id == n:
+                    self._switched.add(n)  # injected unaligned, at once
+                continue
+            gate = self.gate
+            if gate is None or n <= self._done_id:
+                continue
+            al = self._align
+            if al is not None and al.barrier.checkpoint_id == n:
+                await self._start_unaligned(gate, al.barrier, set())
+                continue
+            barrier = self._queued_barrier(gate, n)
+            if barrier is not None:
+                await self._start_unaligned(gate, barrier, set())
+            else:
+                self._switched.add(n)  # not here yet: unaligned when it comes
+
+    @staticmethod
+    def _queued_barrier(gate: InputGate, n: int) -> Barrier | None:
+        for ch in gate.channels:
+            for item in ch._items:
+                if type(item) is Barrier and item.checkpoint_id == n:
+                    return item
+        return None
+
+    async def _on_interrupt(self) -> None:
+        """While a put of this task waits for channel space: take part in
+        checkpoints (priority barriers, source triggers, switches) without
+        reading any record. Everything here overtakes, so nothing waits."""
+        if self._switch_requests:
+            await self._on_switches()
+        gate = self.gate
+        if gate is not None:
+            while True:
+                got = gate.poll_priority()
+                if got is None:
+                    break
+                i, item = got
+                await self._on_barrier(gate, i, item)
+        elif self.reader is not None and self._trigger is not None and self._unaligned_trigger():
+            await self._inject_barrier(self.reader)
+
+    def _unaligned_trigger(self) -> bool:
+        trigger = self._trigger
+        return trigger is not None and (trigger.unaligned
+                                        or trigger.checkpoint_id in self._switched)
+
+    def _capture(self, n: int, overtaken: dict[str, list[RecordBatch]]) -> None:
+        cap = self._captured.setdefault(n, _Captured())
+        uid = self.source_uid if self.reader is not None else self.operators[0].uid
+        try:
+            for key, batches in overtaken.items():
+                cap.blobs.setdefault(key, []).extend(encode_batches(batches, str(uid), n))
+                cap.counts[key] = cap.counts.get(key, 0) + sum(map(len, batches))
+        except StateSerializationError as exc:
+            raise self._serialization_failure(exc) from exc
+
     def _cancel_alignment(self, gate: InputGate) -> None:
         al, self._align = self._align, None
         if al is not None:
@@ -746,6 +897,9 @@ class Task(EventTime):
             self._trigger = None
         if self._backlog is not None and self._backlog.checkpoint_id == checkpoint_id:
             self._backlog = None
+        self._captured.pop(checkpoint_id, None)
+        self._unaligned_ids.discard(checkpoint_id)
+        self._switched.discard(checkpoint_id)
         self._snapshot_watermarks.pop(checkpoint_id, None)
         snaps = self._snapshots.pop(checkpoint_id, None)
         if snaps is not None:
@@ -772,7 +926,7 @@ class Task(EventTime):
             parts.append(f"aligning {al.barrier.checkpoint_id}, waiting on {missing}")
         if self._backlog is not None and self.gate is not None:
             waiting = [self.gate.channels[i].name for i in sorted(self._backlog.waiting)]
-            parts.append(f"logging back-edges for {self._backlog.checkpoint_id}, "
+            parts.append(f"logging channel state for {self._backlog.checkpoint_id}, "
                          f"waiting on {waiting}")
         if self.gate is not None:
             queued = {ch.name: len(ch) for ch in self.gate.channels if len(ch)}
@@ -796,7 +950,13 @@ class Task(EventTime):
     # -- snapshots -----------------------------------------------------------
 
     async def _checkpoint(self, barrier: Barrier, *, alignment: float = 0.0,
-                          position: Any = None, forward: bool = True) -> None:
+                          position: Any = None, forward: bool = True, unaligned: bool = False,
+                          waiting: set[int] | None = None,
+                          taken: dict[int, list[RecordBatch]] | None = None) -> None:
+        """Snapshot for ``barrier`` and forward it. Unaligned: it overtakes
+        this task's output in flight, and the inputs in ``waiting`` are
+        logged until their barrier comes (``taken``: records already
+        captured on inputs whose barrier was taken out of the queue)."""
         n = barrier.checkpoint_id
         coordinator = self.coordinator
         if coordinator is None:
@@ -804,8 +964,10 @@ class Task(EventTime):
         t0 = time.monotonic()
         snaps = self._snapshot_operators(n)
         sync_duration = time.monotonic() - t0
+        if unaligned:
+            self._unaligned_ids.add(n)
 
-        async def write(backlog: BackEdgeRecords | None = None) -> None:
+        async def write(backlog: ChannelStateLog | None = None) -> None:
             await self._write_and_ack(n, snaps, position, alignment, sync_duration, backlog)
 
         early = self._early.pop(n, set())
@@ -814,24 +976,41 @@ class Task(EventTime):
             stale |= self._early.pop(old)
         back_edges = [i for i, r in enumerate(self.regular)
                       if not r and not self._ended[i] and i not in early]
-        if forward and back_edges and coordinator.storage is not None:
-            # A loop head: forward the barrier now; the snapshot is written
-            # once the barrier has come back on every back-edge, with the
-            # records logged meanwhile.
-            self._backlog = _BackEdgeLog(n, set(back_edges), {i: [] for i in back_edges},
-                                         write, head=self.operators[0].uid)
-            for w in self.writers:
-                await w.emit_event(barrier)
-        elif coordinator.synchronous or self.spawn is None:
+        if not (forward and coordinator.storage is not None):
+            back_edges = []
+        logged = set(back_edges) | (waiting or set())
+        if logged or taken:
+            # A loop head: the snapshot is written once the barrier has come
+            # back on every back-edge, with the records logged meanwhile; an
+            # unaligned checkpoint: once it has come on every input.
+            log = ChannelStateLog(n, logged, write, head=self.operators[0].uid,
+                                  back_edges=frozenset(back_edges),
+                                  records={i: [] for i in back_edges})
+            try:
+                for i, batches in (taken or {}).items():
+                    log.add(i, batches)
+            except StateSerializationError as exc:
+                raise self._serialization_failure(exc) from exc
+            self._backlog = log
+            if forward:
+                await self._forward(barrier, unaligned)
+            if not logged:
+                self._backlog = None
+                if self.spawn is not None:
+                    self.spawn(lambda: write(log))
+                else:
+                    await write(log)
+        elif (coordinator.synchronous or self.spawn is None) and not unaligned:
             await write()
             if forward:
-                for w in self.writers:
-                    await w.emit_event(barrier)
+                await self._forward(barrier, unaligned)
         else:
             if forward:
-                for w in self.writers:
-                    await w.emit_event(barrier)
-            self.spawn(write)
+                await self._forward(barrier, unaligned)
+            if self.spawn is None:
+                await write()
+            else:
+                self.spawn(write)
         # The back-edges on which barrier n came back before this snapshot
         # were blocked until it (_on_back_edge_barrier); it is taken and the
         # barrier forwarded, so what follows on them, which is after n, flows
@@ -851,6 +1030,14 @@ class Task(EventTime):
         if gate is not None:
             for i in sorted(early | stale):
                 gate.unblock(i)
+
+    async def _forward(self, barrier: Barrier, unaligned: bool) -> None:
+        if unaligned:
+            for w in self.writers:
+                self._capture(barrier.checkpoint_id, w.overtake(barrier))
+        else:
+            for w in self.writers:
+                await w.emit_event(barrier)
 
     def _snapshot_operators(self, n: int) -> dict[str, OperatorSnapshot | None]:
         """The synchronous half of every operator's snapshot for checkpoint
@@ -881,7 +1068,7 @@ class Task(EventTime):
 
     async def _write_and_ack(self, n: int, snaps: dict[str, OperatorSnapshot | None],
                              position: Any, alignment: float, sync_duration: float,
-                             backlog: BackEdgeRecords | None = None) -> None:
+                             backlog: ChannelStateLog | None = None) -> None:
         try:
             await self._write_and_ack_now(n, snaps, position, alignment, sync_duration, backlog)
         except OSError:
@@ -899,6 +1086,8 @@ class Task(EventTime):
         finally:
             self._snapshots.pop(n, None)
             self._snapshot_watermarks.pop(n, None)
+            self._captured.pop(n, None)
+            self._unaligned_ids.discard(n)
 
     @staticmethod
     def _cancel_snapshots(snaps: dict[str, OperatorSnapshot | None]) -> None:
@@ -908,7 +1097,7 @@ class Task(EventTime):
 
     async def _write_and_ack_now(self, n: int, snaps: dict[str, OperatorSnapshot | None],
                                  position: Any, alignment: float, sync_duration: float,
-                                 backlog: BackEdgeRecords | None) -> None:
+                                 backlog: ChannelStateLog | None) -> None:
         coordinator = self.coordinator
         assert coordinator is not None
         storage = coordinator.storage
@@ -933,18 +1122,44 @@ class Task(EventTime):
                 if snap.committables:
                     part["committables"] = snap.committables
             parts[uid] = part
-        if backlog is not None and storage is not None:
+        inputs: dict[str, list[bytes]] = {}
+        in_counts: dict[str, int] = {}
+        if backlog is not None and storage is not None and backlog.back_edges:
             # The back-edge log belongs to the head operator, first in this task.
             head = self.operators[0].uid
             rel = f"{checkpoint_dir_name(n)}/{head}-{self.subtask}/backedge-log"
-            handle = await write_backedge_log(storage, rel, backlog)
+            back = {i: backlog.records.get(i, []) for i in backlog.back_edges}
+            handle = await write_backedge_log(storage, rel, BackEdgeRecords(
+                back, sum(backlog.counts.get(i, 0) for i in backlog.back_edges)))
             files.append(handle)
             parts.setdefault(head, {})["backedge"] = {
                 "file": handle.to_json(),
-                "records": backlog.count,
+                "records": sum(backlog.counts.get(i, 0) for i in backlog.back_edges),
             }
+        if backlog is not None and self.gate is not None:
+            for i, blobs in backlog.records.items():
+                if i not in backlog.back_edges and blobs:
+                    key = self.gate.channels[i].key
+                    inputs[key] = blobs
+                    in_counts[key] = backlog.counts.get(i, 0)
+        captured = self._captured.pop(n, None)
+        outputs = {k: v for k, v in captured.blobs.items() if v} if captured else {}
+        state_records = state_size = 0
+        if (inputs or outputs) and storage is not None:
+            owner = self.source_uid if self.reader is not None else self.operators[0].uid
+            assert owner is not None
+            rel = f"{checkpoint_dir_name(n)}/{owner}-{self.subtask}/channel-state"
+            handle = await write_channel_state(storage, rel, inputs, outputs)
+            files.append(handle)
+            out_counts = {k: captured.counts[k] for k in outputs} if captured else {}
+            parts.setdefault(owner, {})["channel_state"] = {
+                "file": handle.to_json(), "inputs": in_counts, "outputs": out_counts}
+            state_records = sum(in_counts.values()) + sum(out_counts.values())
+            state_size = handle.size
         await coordinator.acknowledge(self, n, TaskSnapshot(
-            parts, files, alignment, sync_duration, time.monotonic() - t0))
+            parts, files, alignment, sync_duration, time.monotonic() - t0,
+            unaligned=n in self._unaligned_ids, channel_state_records=state_records,
+            channel_state_size=state_size))
 
     def _restore(self, restored: RestoredCheckpoint) -> None:
         for op in self.operators:
@@ -965,6 +1180,10 @@ class Task(EventTime):
                 self.reader.seek(pos)
 
     async def _end_of_input(self) -> None:
+        if self.interrupt is not None:
+            # Operators emit their last records (window results, say): a
+            # snapshot in the middle of that would be neither before nor after.
+            self.interrupt.enabled = False
         self._current_span = None
         self._stop_clock()  # pending processing-time timers do not fire (as Flink)
         await self._end_event_time(self._valve)

@@ -12,6 +12,13 @@ the batch's parallel timestamp list, or ``None`` when the stream has no event
 time, which keeps the partitioning loops of such streams as they were. A
 buffer that mixes both (a union of a stream with event time and one without)
 holds ``None`` for the records that have no timestamp.
+
+Unaligned checkpoints: :meth:`RecordWriter.overtake` sends a barrier ahead
+of everything this writer has produced and not yet had consumed — its
+unsent buffers, the batch a waiting put holds, and what its bounded channels
+queue — and returns those records, which become the checkpoint's channel
+state. Unbounded channels (loop back-edges) never hold a producer up, so the
+barrier goes behind their records, as in an aligned checkpoint.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from eddyflow.keygroups import stable_hash, subtask_for_key_group
-from eddyflow.runtime.channel import Channel
+from eddyflow.runtime.channel import Channel, Interrupt
 from eddyflow.runtime.events import RecordBatch, Span, merge_span
 from eddyflow.values import immutable, independent_copy
 
@@ -55,6 +62,12 @@ class RecordWriter:
         self.tracker: Any = None
         #: How many channels each record goes to (broadcast: all of them).
         self.copies = 1
+        #: The owning task's: lets a put that waits for space be interrupted.
+        self.interrupt: Interrupt | None = None
+        # Channels the event being emitted has reached (some perhaps by
+        # overtaking, when a checkpoint switched to unaligned meanwhile).
+        self._reached: set[int] = set()
+        self._emitting: Any = None
 
     def add(self, records: list[Any], span: Span | None,
             timestamps: list[Any] | None = None) -> bool:
@@ -63,7 +76,7 @@ class RecordWriter:
     async def _send(self, i: int, buf: RecordBatch) -> None:
         # Sent whole, however much a fan-out overfilled it: channels bound
         # records, not batches, and one hand-off is cheaper than ten.
-        await self.channels[i].put(buf)
+        await self.channels[i].put(buf, self.interrupt)
 
     async def send_full(self) -> None:
         """Send every buffer that has reached the batch size."""
@@ -84,9 +97,45 @@ class RecordWriter:
 
     async def emit_event(self, event: Any) -> None:
         """Flush, then send ``event`` on every channel, behind all records."""
-        await self.flush()
-        for ch in self.channels:
-            await ch.put(event)
+        self._emitting = event
+        self._reached = set()
+        try:
+            await self.flush()
+            for i, ch in enumerate(self.channels):
+                if i not in self._reached:
+                    await ch.put(event, self.interrupt)
+                    self._reached.add(i)
+        finally:
+            self._emitting = None
+
+    def overtake(self, barrier: Any) -> dict[str, list[RecordBatch]]:
+        """Send ``barrier`` ahead of this writer's records still in flight
+        (no ``await``: capacity does not apply); per channel key, the record
+        batches it overtook, oldest first. A channel the barrier already
+        reached (an aligned emit under way) is left alone."""
+        overtaken: dict[str, list[RecordBatch]] = {}
+        emitting = self._emitting is barrier
+        for i, ch in enumerate(self.channels):
+            if emitting and i in self._reached:
+                continue
+            if ch._pending is barrier:
+                ch.drop_pending()  # this very barrier, put aligned: it overtakes instead
+            else:
+                ch.deliver_pending()
+            buf = self.buffers[i]
+            if buf:
+                self.buffers[i] = RecordBatch()
+                ch.append(buf)
+            if ch.capacity is None:
+                ch.append(barrier)
+                overtaken[ch.key] = []
+            else:
+                overtaken[ch.key] = ch.overtake(barrier)
+            if emitting:
+                self._reached.add(i)
+        self.full = False
+        self.dirty_since = 0.0
+        return overtaken
 
 
 def _extend_timestamps(buf: RecordBatch, timestamps: list[Any] | None, n: int) -> None:

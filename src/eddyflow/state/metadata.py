@@ -27,6 +27,7 @@ from eddyflow.state.storage import METADATA, CheckpointCorrupted, CheckpointStor
 
 __all__ = [
     "BackEdgeLog",
+    "ChannelState",
     "CheckpointGraph",
     "CheckpointMetadata",
     "GraphEdge",
@@ -53,7 +54,36 @@ class BackEdgeLog:
         return BackEdgeLog(FileHandle.from_json(dict(d["file"])), int(d["records"]))
 
 
-_PART_KEYS = frozenset({"source", "keyed", "committables", "backedge"})
+@dataclass(frozen=True)
+class ChannelState:
+    """An unaligned checkpoint's channel state at one subtask: the records in
+    flight on its channels at the barrier, in one file. ``inputs``: per
+    input channel key (``exchange:upstream:downstream``), how many records
+    this subtask logged on it between its snapshot and the barrier's
+    arrival; ``outputs``: per output channel key, how many records the
+    barrier overtook there. On restore a channel gets its input part first,
+    then its output part (the order they travelled in)."""
+
+    file: FileHandle
+    inputs: Mapping[str, int]
+    outputs: Mapping[str, int]
+
+    @property
+    def records(self) -> int:
+        return sum(self.inputs.values()) + sum(self.outputs.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file.to_json(), "inputs": dict(self.inputs),
+                "outputs": dict(self.outputs)}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> ChannelState:
+        return ChannelState(FileHandle.from_json(dict(d["file"])),
+                            {str(k): int(v) for k, v in d["inputs"].items()},
+                            {str(k): int(v) for k, v in d["outputs"].items()})
+
+
+_PART_KEYS = frozenset({"source", "keyed", "committables", "backedge", "channel_state"})
 
 
 @dataclass(frozen=True)
@@ -72,6 +102,7 @@ class SubtaskState:
     keyed: KeyedStateHandle | None = None
     committables: tuple[Any, ...] = ()
     backedge: BackEdgeLog | None = None
+    channel_state: ChannelState | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -84,6 +115,8 @@ class SubtaskState:
             out["committables"] = list(self.committables)
         if self.backedge is not None:
             out["backedge"] = self.backedge.to_json()
+        if self.channel_state is not None:
+            out["channel_state"] = self.channel_state.to_json()
         return out
 
     @staticmethod
@@ -95,6 +128,8 @@ class SubtaskState:
             keyed=None if keyed is None else KeyedStateHandle.from_json(keyed),
             committables=tuple(d.get("committables") or ()),
             backedge=None if backedge is None else BackEdgeLog.from_json(backedge),
+            channel_state=(None if d.get("channel_state") is None
+                           else ChannelState.from_json(d["channel_state"])),
             extra={k: v for k, v in d.items() if k not in _PART_KEYS},
         )
 
@@ -220,6 +255,12 @@ class CheckpointMetadata:
     #: from, ``(folder, id)``; ``None`` if it started in this folder
     #: (state/commits.py decides by it what a restore takes back elsewhere).
     base: tuple[str, int] | None = None
+    #: Taken unaligned at one task at least (``unaligned`` mode, or an
+    #: aligned checkpoint that switched after ``aligned_timeout``).
+    unaligned: bool = False
+    #: The records in flight it holds as channel state, and their bytes.
+    channel_state_records: int = 0
+    channel_state_size: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -239,6 +280,9 @@ class CheckpointMetadata:
             "tasks": {name: t.to_json() for name, t in self.tasks.items()},
             **({} if self.lineage is None else {"lineage": self.lineage}),
             **({} if self.base is None else {"base": list(self.base)}),
+            **({} if not self.unaligned else {
+                "unaligned": True, "channel_state_records": self.channel_state_records,
+                "channel_state_size": self.channel_state_size}),
         }
 
     @staticmethod
@@ -263,6 +307,9 @@ class CheckpointMetadata:
                 tasks={name: TaskStats.from_json(t) for name, t in d["tasks"].items()},
                 lineage=None if d.get("lineage") is None else str(d["lineage"]),
                 base=None if d.get("base") is None else (str(d["base"][0]), int(d["base"][1])),
+                unaligned=bool(d.get("unaligned", False)),
+                channel_state_records=int(d.get("channel_state_records", 0)),
+                channel_state_size=int(d.get("channel_state_size", 0)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             # One kind of error, whatever is missing or mistyped, deep down or not.
