@@ -350,12 +350,12 @@ def test_backedge_log_round_trip(tmp_path: Path) -> None:
 def test_backedge_log_holds_records_as_they_were_when_logged(tmp_path: Path) -> None:
     """The loop body changes records in place after the head logged them:
     the log (channel state of the checkpoint) must not see those changes."""
-    from eddyflow.runtime.task import _BackEdgeLog
+    from eddyflow.runtime.channel_state import ChannelStateLog
 
-    async def never(_: BackEdgeRecords) -> None:
+    async def never(_: ChannelStateLog) -> None:
         raise AssertionError("not written here")
 
-    log = _BackEdgeLog(3, {0}, {0: []}, never)
+    log = ChannelStateLog(3, {0}, never, back_edges=frozenset({0}), records={0: []})
     batch = [{"id": 1, "steps": 3}, {"id": 2, "steps": 1}]
     log.log(0, batch)
     for r in batch:

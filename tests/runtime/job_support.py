@@ -46,6 +46,14 @@ class Pace:
         return r
 
 
+def mode_options(mode: str) -> dict[str, Any]:
+    """``enable_checkpointing`` options of a suite's mode: the API's modes,
+    and "aligned_timeout" (exactly_once switching to unaligned after 5 ms)."""
+    if mode == "aligned_timeout":
+        return {"mode": "exactly_once", "aligned_timeout": 0.005}
+    return {"mode": mode}
+
+
 # -- the state backends the exactly-once suites run against ---------------------------
 
 #: Names of the backends: the ``state_backend`` fixture (``conftest.py``) is

@@ -59,7 +59,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
-from job_support import StateBackendFactory, keyed_backends
+from job_support import StateBackendFactory, keyed_backends, mode_options
 
 import eddyflow as ef
 from eddyflow.runtime import faults
@@ -581,8 +581,8 @@ def check_case(case: Case, workdir: Path, stats: Stats, backend: StateBackendFac
     # The checked run.
     os.makedirs(workdir)
     env = ef.StreamEnvironment(parallelism=2, batch_size=case.batch_size)
-    env.enable_checkpointing(case.interval, workdir / "chk", mode=case.mode,
-                             retained=case.retained, timeout=case.timeout)
+    env.enable_checkpointing(case.interval, workdir / "chk", retained=case.retained,
+                             timeout=case.timeout, **mode_options(case.mode))
     env.set_restart_strategy(ef.FixedDelayRestart(attempts=6, delay=0))
     if case.cache_size is not None:
         backend.use(env, workdir, cache_size=case.cache_size, incremental=case.incremental)
@@ -690,7 +690,8 @@ def _run_property(tmp_path: Path, backend: StateBackendFactory, examples: int,
     return stats
 
 
-MODES = ("exactly_once", "at_least_once", "synchronous")
+#: "aligned_timeout": exactly_once that switches to unaligned after 5 ms.
+MODES = ("exactly_once", "at_least_once", "synchronous", "unaligned", "aligned_timeout")
 
 
 def test_checkpointing_survives_random_failures(tmp_path: Path,

@@ -637,11 +637,15 @@ def test_exhausted_restart_attempts_raise_job_failed_with_the_root_cause(
 # -- (d) configuration ----------------------------------------------------------------
 
 
-def test_unaligned_mode_is_not_implemented(tmp_path: Path) -> None:
+def test_aligned_timeout_needs_exactly_once_and_a_duration(tmp_path: Path) -> None:
     env = ef.StreamEnvironment()
-    with pytest.raises(NotImplementedError):
-        env.enable_checkpointing(1.0, tmp_path, mode="unaligned")
+    with pytest.raises(ValueError, match="needs mode 'exactly_once'"):
+        env.enable_checkpointing(1.0, tmp_path, mode="unaligned", aligned_timeout=0.1)
+    with pytest.raises(ValueError, match="aligned_timeout must be >= 0"):
+        env.enable_checkpointing(1.0, tmp_path, aligned_timeout=-1)
     assert env.checkpoint_config is None
+    env.enable_checkpointing(1.0, tmp_path, mode="unaligned")
+    assert env.checkpoint_config is not None and env.checkpoint_config.mode == "unaligned"
 
 
 @pytest.mark.parametrize("kwargs", [

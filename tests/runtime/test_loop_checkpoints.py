@@ -74,7 +74,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
-from job_support import Pace, StateBackendFactory, keyed_backends, watched
+from job_support import Pace, StateBackendFactory, keyed_backends, mode_options, watched
 
 import eddyflow as ef
 from eddyflow.backedge import FeedbackChannel
@@ -302,10 +302,10 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> Spy:
         finally:
             s.reinjecting = False
 
-    async def put(self: FeedbackChannel, item: Any) -> None:
+    async def put(self: FeedbackChannel, item: Any, interrupt: Any = None) -> None:
         if s.reinjecting and isinstance(item, list):
             s.reinjected_batches.append(len(item))
-        await orig_put(self, item)
+        await orig_put(self, item, interrupt)
 
     monkeypatch.setattr(task_module.Task, "__init__", init)
     monkeypatch.setattr(RestoredCheckpoint, "backedge_batches", backedge_batches)
@@ -645,7 +645,8 @@ def check_case(case: Case, workdir: Path, stats: Stats, spy: Spy,
     # The checked run.
     os.makedirs(workdir)
     env = ef.StreamEnvironment(parallelism=2, batch_size=case.batch_size)
-    env.enable_checkpointing(case.interval, workdir / "chk", mode=case.mode, retained=1000)
+    env.enable_checkpointing(case.interval, workdir / "chk", retained=1000,
+                             **mode_options(case.mode))
     env.set_restart_strategy(ef.FixedDelayRestart(attempts=8, delay=0))
     if case.cache_size is not None:
         backend.use(env, workdir, cache_size=case.cache_size, incremental=case.incremental)
@@ -743,7 +744,8 @@ def run_property(tmp_path: Path, spy: Spy, backend: StateBackendFactory, example
     return stats
 
 
-MODES = ("exactly_once", "synchronous")
+#: "aligned_timeout": exactly_once that switches to unaligned after 5 ms.
+MODES = ("exactly_once", "synchronous", "unaligned", "aligned_timeout")
 
 
 def test_loops_survive_random_failures(tmp_path: Path, spy: Spy,

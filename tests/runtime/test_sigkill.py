@@ -113,12 +113,14 @@ def committed_output(folder: Path) -> list[Output]:
 
 
 def kill_and_restart(tmp: Path, backend: StateBackendFactory, *, records: int, keys: int,
-                     kills: int, slow: float, seed: int) -> None:
+                     kills: int, slow: float, seed: int,
+                     settings: dict[str, str] | None = None) -> None:
     rng = random.Random(seed)
     log, out, chk = tmp / "log", tmp / "out", tmp / "chk"
     parts = fill_log(log, records, keys)
     expected, final = expected_output(parts)
     job = JobProcess(JOB, tmp, log, out, chk, slow, backend.child_env(tmp))
+    job.env.update(settings or {})
     history = KillLog()
     context = f"seed {seed}, {backend.name} backend"
 
@@ -208,6 +210,15 @@ def test_sigkill_at_random_moments_then_restore_latest_is_exactly_once(
         tmp_path: Path, state_backend: StateBackendFactory) -> None:
     kill_and_restart(tmp_path, state_backend, records=200_000, keys=500, kills=10, slow=0.01,
                      seed=seed(7))
+
+
+def test_sigkill_under_back_pressure_with_unaligned_checkpoints_is_exactly_once(
+        tmp_path: Path, state_backend: StateBackendFactory) -> None:
+    """A sleepy map before the sink back-pressures the job from its first
+    second; checkpoints are unaligned, so they hold records in flight."""
+    kill_and_restart(tmp_path, state_backend, records=40_000, keys=200, kills=6, slow=0.0,
+                     seed=seed(11), settings={"EF_SIGKILL_MODE": "unaligned",
+                                              "EF_SIGKILL_SINK_DELAY": "0.0001"})
 
 
 @pytest.mark.slow

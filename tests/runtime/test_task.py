@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from eddyflow.backedge.feedback import FeedbackChannel
+from eddyflow.runtime.barriers import CheckpointMode
 from eddyflow.runtime.channel import Channel, InputGate
 from eddyflow.runtime.coordinator import TaskSnapshot
 from eddyflow.runtime.events import END_OF_INPUT, Barrier, RecordBatch
@@ -45,8 +46,9 @@ class StubCoordinator:
     """What a task asks of the coordinator, with one periodic checkpoint in
     flight (``pending``) and the acknowledgements recorded."""
 
-    mode = "exactly_once"
+    mode = CheckpointMode.EXACTLY_ONCE
     synchronous = False
+    may_go_unaligned = False
     plan = _Plan()
     run_id = "test"
     all_finished = False

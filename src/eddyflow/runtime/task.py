@@ -534,6 +534,8 @@ class Task(EventTime):
             wake.set_result(None)
         if self.gate is not None:
             self.gate._wake()
+        if self.interrupt is not None and barrier.unaligned:
+            self.interrupt.request()  # held up by back-pressure: inject at once
         return True
 
     def _regular_ended(self) -> bool:

@@ -23,6 +23,10 @@ Settings come from environment variables, so the same file runs under
   ``rocksdb``, whose local databases go under ``EF_SIGKILL_ROCKSDB``, with
   ``EF_SIGKILL_ROCKSDB_CACHE`` entries in each state's write cache (default:
   the backend's)
+* ``EF_SIGKILL_MODE``  the checkpoint mode (default ``exactly_once``)
+* ``EF_SIGKILL_SINK_DELAY``  seconds a map before the sink sleeps per record
+  (default 0: none); it runs at parallelism 1, behind an exchange, with small
+  channels, so the job is back-pressured from its first second
 """
 
 from __future__ import annotations
@@ -72,15 +76,31 @@ def build(env: ef.StreamEnvironment) -> None:
     env.enable_checkpointing(
         interval=float(os.environ.get("EF_SIGKILL_INTERVAL", "0.05")),
         directory=_setting("EF_SIGKILL_CHK"),
+        mode=os.environ.get("EF_SIGKILL_MODE", "exactly_once"),
     )
     slow = float(os.environ.get("EF_SIGKILL_SLOW", "0"))
-    (
+    delay = float(os.environ.get("EF_SIGKILL_SINK_DELAY", "0"))
+    out = (
         env.from_log(_setting("EF_SIGKILL_LOG"))
         .key_by(first)
         .map_with_state(make_step(slow))
         .name("running")
-        .sink_to(ef.FileSink(_setting("EF_SIGKILL_OUT")))
     )
+    if delay:
+        env.channel_capacity = 2
+        out = out.map(Sleepy(delay)).name("sleepy").set_parallelism(1)
+    out.sink_to(ef.FileSink(_setting("EF_SIGKILL_OUT")))
+
+
+class Sleepy:
+    """Identity, sleeping ``delay`` seconds per record: the bottleneck."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    def __call__(self, record: Any) -> Any:
+        time.sleep(self.delay)
+        return record
 
 
 if __name__ == "__main__":
