@@ -3,12 +3,16 @@
 The job, back-pressured from its first second by a slow operator before the
 sink::
 
-    numbers 0..N-1 (one source subtask)
-      -> key_by(i % keys) -> running count            # 'count', parallelism 2
+    numbers 0..N-1 (``--parallelism`` source subtasks, a slice each)
+      -> key_by(i % keys) -> running count            # 'count', same parallelism
+      -> flat_map: each result ``--fanout`` times      # 'fan-out'
       -> busy map, ``--cost`` µs per record            # 'slow', parallelism 1
       -> counting sink (exactly-once, 2PC)
 
-Every channel in front of 'slow' is full all the time, so an aligned barrier
+Tasks share one event loop and take turns, a batch a turn, however big the
+batch: 'slow' falls behind only if more batches reach it per turn than the
+one it takes, so there are several producers (and the fan-out makes their
+batches costly). Every channel in front of 'slow' is then full all the time, so an aligned barrier
 waits behind every record queued there (channel capacity x batch size per
 channel) before 'slow' can snapshot, while an unaligned barrier overtakes
 them and they become channel state.
@@ -46,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import eddyflow as ef
+from overhead import NumberSource  # benchmarks/: the script's folder
 
 GOAL = 0.10
 
@@ -65,7 +70,7 @@ class CountingSink(ef.Sink):
 
     def commit(self, committables: list[Any]) -> None:
         for name in committables:
-            for record, n in self._staged.pop(name, []):
+            for record, n, _copy in self._staged.pop(name, []):
                 self.committed += 1
                 key = record % self.keys
                 if n > self.last.get(key, 0):
@@ -110,23 +115,26 @@ class Busy:
 
 
 def run_once(mode: str | None, n: int, keys: int, cost: float, interval: float,
-             chk: Path, batch_size: int = 64, capacity: int = 64
-             ) -> tuple[float, list[ef.CheckpointInfo]]:
-    env = ef.StreamEnvironment(parallelism=2, batch_size=batch_size, channel_capacity=capacity)
+             chk: Path, batch_size: int = 64, capacity: int = 64, fanout: int = 4,
+             parallelism: int = 4) -> tuple[float, list[ef.CheckpointInfo]]:
+    env = ef.StreamEnvironment(parallelism=parallelism, batch_size=batch_size,
+                               channel_capacity=capacity)
     if mode is not None:
         env.enable_checkpointing(interval, chk, mode=mode, retained=10_000, timeout=600.0)
     sink = CountingSink(keys)
-    counted = (env.from_collection(range(n)).name("src")
+    counted = (env.from_source(NumberSource(n)).name("src")
                .key_by(lambda i: i % keys).map_with_state(count).name("count"))
-    counted.map(Busy(cost)).name("slow").set_parallelism(1).sink_to(sink).name("sink") \
+    fanned = counted.flat_map(lambda r: [(*r, c) for c in range(fanout)]).name("fan-out")
+    fanned.map(Busy(cost)).name("slow").set_parallelism(1).sink_to(sink).name("sink") \
         .set_parallelism(1)
     gc.collect()
     t0 = time.perf_counter()
     env.execute(f"backpressure-{mode}")
     elapsed = time.perf_counter() - t0
     want = {k: len(range(k, n, keys)) for k in range(min(keys, n))}
-    if sink.committed != n or sink.last != want:
-        raise SystemExit(f"{mode}: wrong output: {sink.committed} of {n} records committed")
+    if sink.committed != n * fanout or sink.last != want:
+        raise SystemExit(f"{mode}: wrong output: {sink.committed} of {n * fanout} records "
+                         "committed, or wrong final counts")
     infos = [c for c in ef.list_checkpoints(chk) if not c.final] if mode is not None else []
     shutil.rmtree(chk, ignore_errors=True)
     return elapsed, infos
@@ -141,17 +149,19 @@ def pct(values: list[float], q: float) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--records", type=int, default=60_000)
+    ap.add_argument("--records", type=int, default=20_000)
     ap.add_argument("--keys", type=int, default=1000)
     ap.add_argument("--cost", type=float, default=100.0, help="µs per record in 'slow'")
     ap.add_argument("--interval", type=float, default=0.5)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--capacity", type=int, default=64, help="channel capacity, in batches")
+    ap.add_argument("--fanout", type=int, default=4)
+    ap.add_argument("--parallelism", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args(argv)
     if args.quick:
-        args.records, args.rounds = 30_000, 1
+        args.records, args.rounds = 10_000, 1
     base = Path(tempfile.mkdtemp(prefix="eddyflow-backpressure-"))
     durations: dict[str, list[float]] = {"exactly_once": [], "unaligned": []}
     ratios: dict[str, list[float]] = {"exactly_once": [], "unaligned": []}
@@ -160,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     counts: dict[str, list[int]] = {"exactly_once": [], "unaligned": []}
     try:
         for r in range(args.rounds):
-            sizes = dict(batch_size=args.batch_size, capacity=args.capacity)
+            sizes = dict(batch_size=args.batch_size, capacity=args.capacity,
+                         fanout=args.fanout, parallelism=args.parallelism)
             none, _ = run_once(None, args.records, args.keys, args.cost, args.interval,
                                base / "none", **sizes)
             order = ["exactly_once", "unaligned"] if r % 2 == 0 else ["unaligned", "exactly_once"]
@@ -178,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
-    print(f"{args.records:,} records, {args.keys} keys, 'slow' {args.cost:g} µs/record, "
+    print(f"{args.records:,} records x {args.fanout}, {args.keys} keys, 'slow' {args.cost:g} µs/record, "
           f"batches of {args.batch_size}, channels of {args.capacity} batches, "
           f"interval {args.interval:g} s, {args.rounds} rounds")
     print(f"{'mode':<14} {'checkpoints':>11} {'p50 (s)':>9} {'p99 (s)':>9} "

@@ -29,11 +29,12 @@ def spark() -> Iterator[Any]:
 
 def run_with_failures(job: Path, checkpoints: Path, *, interval: float = 0.02,
                       faults: tuple[tuple[str, int], ...] = (), retained: int = 5,
-                      parallelism: int = 2) -> ef.JobResult:
+                      parallelism: int = 2, mode: str = "exactly_once") -> ef.JobResult:
     """Run ``job`` in-process with frequent checkpoints into ``checkpoints``,
     the named fault points armed (``(point, after)``), and restarts allowed."""
     env, _ = build_environment(job, parallelism=parallelism)
-    env.enable_checkpointing(interval=interval, directory=checkpoints, retained=retained)
+    env.enable_checkpointing(interval=interval, directory=checkpoints, retained=retained,
+                             mode=mode)
     env.set_restart_strategy(ef.FixedDelayRestart(attempts=10, delay=0.0))
     try:
         for point, after in faults:

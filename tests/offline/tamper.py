@@ -12,7 +12,7 @@ from typing import Any
 
 from eddyflow.offline.checkpoint import keyed_files, open_checkpoint, read_keyed_file
 from eddyflow.state.format import encode_frames
-from eddyflow.state.storage import METADATA, CheckpointStorage, _checksum_of
+from eddyflow.state.storage import METADATA, CheckpointStorage, FileHandle, _checksum_of
 
 Entry = tuple[int, str, Any, Any]  # key group, state, key, value
 
@@ -98,3 +98,40 @@ def garble_state_file(chk: str, operator: str) -> str:
     with open(os.path.join(ref.path, METADATA), "w") as f:
         json.dump(meta, f)
     return path
+
+
+def rewrite_channel_state(chk: str, change: Callable[[list[Any]], list[Any]]) -> int:
+    """Replace every channel-state file of checkpoint folder ``chk`` by one
+    whose records are ``change(records)`` for each logged batch, keeping
+    the checkpoint valid (sizes and checksums re-signed). Returns how many
+    files were rewritten."""
+    from eddyflow.backedge.log import encode_batch, encode_logged_channels
+    from eddyflow.runtime.channel_state import read_channel_state
+
+    ref = open_checkpoint(chk)
+    meta = CheckpointStorage(ref.root).read_metadata(ref.id)
+    rewritten = 0
+    for op in meta["operators"].values():
+        for part in op["subtasks"].values():
+            cs = part.get("channel_state")
+            if not cs:
+                continue
+            old = cs["file"]["path"]
+            inputs, outputs = read_channel_state(ref.root, FileHandle.from_json(cs["file"]))
+            channels: dict[str, list[bytes]] = {}
+            for side, parts in (("in", inputs), ("out", outputs)):
+                for key, batches in parts.items():
+                    channels[f"{side}/{key}"] = [
+                        encode_batch(change(list(records)), None) for records, _ in batches]
+            data = encode_logged_channels(channels)
+            rel = old + "-tampered"
+            with open(os.path.join(ref.root, rel), "wb") as f:
+                f.write(data)
+            handle = {"path": rel, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+            cs["file"] = handle
+            meta["files"] = [f for f in meta["files"] if f["path"] != old] + [handle]
+            rewritten += 1
+    meta["checksum"] = _checksum_of(meta)
+    with open(os.path.join(ref.path, METADATA), "w") as f:
+        json.dump(meta, f)
+    return rewritten

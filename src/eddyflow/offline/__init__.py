@@ -2,7 +2,8 @@
 (DESIGN.md §8, API.md "Offline").
 
 * ``read_metadata``, ``read_positions``, ``read_state``,
-  ``read_backedge_log``: a checkpoint as DataFrames, read by the executors.
+  ``read_backedge_log``, ``read_channel_state``: a checkpoint as
+  DataFrames, read by the executors.
 * ``validate``: replay a job's input up to a checkpoint and prove its state
   consistent, key by key.
 
@@ -13,6 +14,7 @@ starts a JVM.
 from eddyflow.offline.checkpoint import open_checkpoint
 from eddyflow.offline.readers import (
     read_backedge_log,
+    read_channel_state,
     read_metadata,
     read_positions,
     read_state,
@@ -29,6 +31,7 @@ __all__ = [
     "ValidationReport",
     "open_checkpoint",
     "read_backedge_log",
+    "read_channel_state",
     "read_metadata",
     "read_positions",
     "read_state",

@@ -15,7 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from eddyflow.backedge.log import decode_backedge_log
+from eddyflow.backedge.log import Logged, decode_backedge_log
+from eddyflow.runtime.channel_state import decode_channel_state
 from eddyflow.state.abc import KeyedStateHandle, StateFile
 from eddyflow.state.format import DELETED
 from eddyflow.state.metadata import CheckpointMetadata, read_checkpoint
@@ -28,7 +29,7 @@ from eddyflow.state.storage import (
 )
 
 __all__ = ["CheckpointRef", "KeyedFile", "keyed_files", "open_checkpoint", "read_keyed_file",
-           "read_verified_backedge_log"]
+           "read_verified_backedge_log", "read_verified_channel_state"]
 
 log = logging.getLogger("eddyflow.offline")
 
@@ -127,6 +128,14 @@ def read_keyed_file(kf: KeyedFile) -> Iterator[tuple[int, str, Any, Any]]:
     for name, table in state.items():
         for key, (kg, value) in table.items():
             yield kg, name, key, value
+
+
+def read_verified_channel_state(root: str, handle: FileHandle
+                                ) -> tuple[dict[str, list[Logged]], dict[str, list[Logged]]]:
+    """One channel-state file (an unaligned checkpoint's), verified: its
+    input and output parts per channel key."""
+    data = CheckpointStorage(root).read_verified(handle)
+    return decode_channel_state(data, os.path.join(root, handle.path))
 
 
 def read_verified_backedge_log(root: str, handle: FileHandle) -> dict[int, list[Any]]:

@@ -432,13 +432,16 @@ def _loop_order(plan: ExecutionPlan, loop: frozenset[int], back: set[int]) -> li
 def evaluate(sc: Any, plan: ExecutionPlan, sources: dict[int, RDD], *,
              initial_state: dict[str, RDD] | None = None,
              feedback: dict[int, RDD] | None = None,
+             channel_state: dict[int, RDD] | None = None,
              unreplayed: dict[str, str] | None = None,
              watermarks: dict[str, Watermarks] | None = None,
              partitions: int = 8) -> tuple[Evaluation, list[RDD]]:
     """Evaluate ``plan`` with the records of ``sources`` (node id -> tagged
     RDD), starting from ``initial_state`` (uid -> state RDD) and with
     ``feedback`` (loop head node id -> tagged RDD) entering the loops' heads
-    in their first round; event-time operators end at ``watermarks`` (uid
+    in their first round and ``channel_state`` (node id -> tagged RDD, an
+    unaligned checkpoint's channel state) entering nodes before anything
+    else reaches them; event-time operators end at ``watermarks`` (uid
     -> key groups and watermark, what the checkpoint recorded). Returns the
     evaluation and the RDDs it persisted (unpersist them when done)."""
     ev = _Evaluator(sc, plan, partitions, dict(watermarks or {}))
@@ -446,11 +449,13 @@ def evaluate(sc: Any, plan: ExecutionPlan, sources: dict[int, RDD], *,
         ev.blocked(plan.graph.node_by_uid(uid).id, why)
     initial = dict(initial_state or {})
     feedback = dict(feedback or {})
+    entering = dict(channel_state or {})
     out: dict[int, RDD | None] = {}
     graph = plan.graph
 
     def inputs_of(n: int, edges: Iterable[Edge]) -> RDD | None:
-        return ev.union(out.get(e.source) for e in edges)
+        # A node's in-flight records (channel state) join its first input.
+        return ev.union([entering.pop(n, None), *(out.get(e.source) for e in edges)])
 
     for kind, c in _components(plan):
         if kind == "node":

@@ -26,14 +26,16 @@ from eddyflow.offline.checkpoint import (
     open_checkpoint,
     read_keyed_file,
     read_verified_backedge_log,
+    read_verified_channel_state,
 )
 from eddyflow.runtime.timers import TIMERS_STATE
 from eddyflow.runtime.windows import WINDOW_STATE
 from eddyflow.state.storage import FileHandle
 from eddyflow.state.ttl import ABSENT, has_ttl, unwrap
 
-__all__ = ["as_text", "backedge_rdd", "read_backedge_log", "read_metadata", "read_positions",
-           "read_state", "read_timers", "read_windows", "state_rdd"]
+__all__ = ["as_text", "backedge_rdd", "channel_state_rdd", "read_backedge_log",
+           "read_channel_state", "read_metadata", "read_positions", "read_state", "read_timers",
+           "read_windows", "state_rdd"]
 
 CheckpointLike = str | os.PathLike[str] | CheckpointRef
 
@@ -258,3 +260,56 @@ def read_backedge_log(spark: Any, chk: CheckpointLike) -> Any:
     ])
     return spark.createDataFrame(rows, schema)
 
+
+
+def _channel_state_parts(ref: CheckpointRef) -> list[tuple[str, FileHandle]]:
+    return [(ref.root, part.channel_state.file)
+            for _, op in sorted(ref.meta.operators.items())
+            for _, part in sorted(op.subtasks.items()) if part.channel_state is not None]
+
+
+def _read_channel_state(part: tuple[str, FileHandle]) -> Iterator[Any]:
+    root, handle = part
+    inputs, outputs = read_verified_channel_state(root, handle)
+    for side, channels in (("input", inputs), ("output", outputs)):
+        for key, batches in sorted(channels.items()):
+            exchange, up, down = key.rsplit("/", 2)
+            seq = 0
+            for records, stamps in batches:
+                for i, record in enumerate(records):
+                    yield (exchange, int(up), int(down), side, seq, record,
+                           None if stamps is None else stamps[i])
+                    seq += 1
+
+
+def channel_state_rdd(sc: Any, chk: CheckpointLike) -> Any:
+    """The records an unaligned checkpoint holds in flight: ``(exchange
+    ("source->target"), upstream subtask, downstream subtask, side, seq,
+    record, timestamp)`` with the Python objects. ``side`` is ``"input"``
+    (logged by the downstream subtask after its snapshot) or ``"output"``
+    (overtaken by the barrier); a channel's input records come before its
+    output records, each side in ``seq`` order."""
+    parts = _channel_state_parts(_ref(chk))
+    if not parts:
+        return sc.emptyRDD()
+    return sc.parallelize(parts, len(parts)).flatMap(_read_channel_state)
+
+
+def read_channel_state(spark: Any, chk: CheckpointLike) -> Any:
+    """The records a checkpoint holds in flight on its channels (an
+    unaligned checkpoint's channel state): ``exchange, upstream,
+    downstream, side, seq, record, timestamp``."""
+    from pyspark.sql import types as T
+
+    rows = channel_state_rdd(spark.sparkContext, chk).map(
+        lambda t: (t[0], t[1], t[2], t[3], t[4], as_text(t[5]), t[6]))
+    schema = T.StructType([
+        T.StructField("exchange", T.StringType(), False),
+        T.StructField("upstream", T.IntegerType(), False),
+        T.StructField("downstream", T.IntegerType(), False),
+        T.StructField("side", T.StringType(), False),
+        T.StructField("seq", T.LongType(), False),
+        T.StructField("record", T.StringType(), True),
+        T.StructField("timestamp", T.DoubleType(), True),
+    ])
+    return spark.createDataFrame(rows, schema)

@@ -34,7 +34,7 @@ from eddyflow.keygroups import key_group_range
 from eddyflow.offline.checkpoint import CheckpointRef, open_checkpoint
 from eddyflow.offline.errors import spark_errors
 from eddyflow.offline.evaluate import KEYED_SPECS, Watermarks, evaluate
-from eddyflow.offline.readers import as_text, backedge_rdd, state_rdd
+from eddyflow.offline.readers import as_text, backedge_rdd, channel_state_rdd, state_rdd
 from eddyflow.offline.replay import replay_split
 from eddyflow.runtime.operators import SourceSpec
 from eddyflow.runtime.valve import decode_watermark
@@ -216,9 +216,12 @@ def _validate(spark: Any, chk: str | os.PathLike[str] | CheckpointRef, *,
                    for uid in keyed_uids}
         logged = [p.backedge.records for op in meta_ops.values()
                   for p in op.subtasks.values() if p.backedge is not None]
-        if sum(logged):
+        in_channels = sum(p.channel_state.records for op in meta_ops.values()
+                          for p in op.subtasks.values() if p.channel_state is not None)
+        if sum(logged) or in_channels:
             # Run the snapshot forward with its in-flight records.
             node_ids = {n.uid: n.id for n in plan.graph.nodes}
+            in_flight = _in_flight(sc, ref, node_ids, unreplayed) if in_channels else {}
             feedback: dict[int, Any] = {}
             for uid in {u for u, op in meta_ops.items()
                         if any(p.backedge is not None for p in op.subtasks.values())}:
@@ -229,7 +232,8 @@ def _validate(spark: Any, chk: str | os.PathLike[str] | CheckpointRef, *,
                 feedback[nid] = backedge_rdd(sc, ref, uid).map(
                     lambda t, n=nid: ((n, t[1], t[2], t[3]), t[4]))
             actual, kept = evaluate(sc, plan, {}, initial_state=initial, feedback=feedback,
-                                    unreplayed=unreplayed, partitions=parts)
+                                    channel_state=in_flight, unreplayed=unreplayed,
+                                    partitions=parts)
             persisted += kept
             actual_state = actual.state
         else:
@@ -274,3 +278,29 @@ def _validate(spark: Any, chk: str | os.PathLike[str] | CheckpointRef, *,
         loop_rounds=[expected.rounds[i] for i in sorted(expected.rounds)],
     )
 
+
+
+def _in_flight(sc: Any, ref: CheckpointRef, node_ids: dict[str, int],
+               unreplayed: dict[str, str]) -> dict[int, Any]:
+    """An unaligned checkpoint's channel state as tagged records entering
+    each exchange's target node. Tags order a channel's records as they
+    travelled (upstream subtask, then sequence), and put the records in
+    flight nearer the end of the job first (``-node id``: ids follow the
+    graph's order), for they were ahead of what the records further up
+    become on their way down."""
+    rdd = channel_state_rdd(sc, ref)
+    targets: dict[str, int] = {}
+    for exchange in sorted(set(rdd.map(lambda t: t[0]).distinct().collect())):
+        target = exchange.split("->", 1)[1]
+        if target not in node_ids:
+            unreplayed[target] = (f"operator '{target}', which the checkpoint's channel "
+                                  "state feeds, is not in the job")
+            continue
+        targets[exchange] = node_ids[target]
+    out: dict[int, Any] = {}
+    for exchange, nid in targets.items():
+        seq_base = 1 << 40  # output records after the channel's input records
+        out[nid] = rdd.filter(lambda t, x=exchange: t[0] == x).map(
+            lambda t, n=nid, b=seq_base: ((-n, t[1], t[2], t[4] + (b if t[3] == "output" else 0)),
+                                          t[5]))
+    return out

@@ -32,7 +32,8 @@ from eddyflow.errors import StateSerializationError
 from eddyflow.state.serialization import find_unpicklable, reason_of, record_text
 from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage, FileHandle
 
-__all__ = ["ChannelStateLog", "encode_batches", "read_channel_state", "write_channel_state"]
+__all__ = ["ChannelStateLog", "decode_channel_state", "encode_batches", "read_channel_state",
+           "write_channel_state"]
 
 
 def _encode(batch: list[Any], operator: str, checkpoint_id: int, what: str) -> bytes:
@@ -109,6 +110,13 @@ def read_channel_state(root: str, handle: FileHandle
             data = f.read()
     except OSError as exc:
         raise CheckpointCorrupted(f"{path}: unreadable channel state: {exc}") from exc
+    return decode_channel_state(data, path)
+
+
+def decode_channel_state(data: bytes, path: str
+                         ) -> tuple[dict[str, list[Logged]], dict[str, list[Logged]]]:
+    """A channel-state file's content (``path`` for errors), as
+    :func:`read_channel_state` returns it."""
     channels = decode_logged_channels(data, path, "channel state")
     inputs: dict[str, list[Logged]] = {}
     outputs: dict[str, list[Logged]] = {}
