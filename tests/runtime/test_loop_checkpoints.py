@@ -272,7 +272,7 @@ class Spy:
         self.lock = threading.Lock()
 
     def logging_heads(self) -> int:
-        return sum(1 for t in list(self.tasks) if getattr(t, "_backlog", None) is not None)
+        return sum(1 for t in list(self.tasks) if t.barriers.log is not None)
 
 
 @pytest.fixture

@@ -69,7 +69,7 @@ class StubCoordinator:
     def is_aborted(self, checkpoint_id: int) -> bool:
         return False
 
-    def _spawn_final_ack(self, task: Task, barrier: Barrier) -> None:
+    def spawn_final_ack(self, task: Task, barrier: Barrier) -> None:
         self.final_acks.append(barrier.checkpoint_id)
 
     def task_finished(self, task: Task) -> None:

@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
@@ -57,9 +57,16 @@ from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage, FileH
 if TYPE_CHECKING:
     from eddyflow.runtime.task import Task
 
-__all__ = ["CheckpointConfig", "CheckpointCoordinator", "TaskSnapshot"]
+__all__ = ["CheckpointConfig", "CheckpointCoordinator", "Participant", "TaskSnapshot"]
 
 log = logging.getLogger("eddyflow.checkpoints")
+
+
+class Participant(Protocol):
+    """A task as an acknowledgement names it."""
+
+    chain_index: int
+    subtask: int
 
 
 @dataclass(frozen=True)
@@ -233,7 +240,7 @@ class CheckpointCoordinator:
         # into its loop. Every other task gets the barrier through a channel.
         for t in self.tasks:
             if not t.trigger_barrier(barrier):
-                self._spawn_final_ack(t, barrier)
+                self.spawn_final_ack(t, barrier)
         return pending
 
     def _switch_to_unaligned(self, p: _Pending) -> None:
@@ -259,7 +266,7 @@ class CheckpointCoordinator:
         return None if p is None else Barrier(
             p.id, p.trigger_time, unaligned=self.mode is CheckpointMode.UNALIGNED or p.switched)
 
-    def _spawn_final_ack(self, task: Task, barrier: Barrier) -> None:
+    def spawn_final_ack(self, task: Task, barrier: Barrier) -> None:
         spawn = task.spawn
         assert spawn is not None
 
@@ -276,7 +283,7 @@ class CheckpointCoordinator:
         self._finished.add(key)
         p = self._pending
         if p is not None and key not in p.acks and not task.saw_barrier(p.id):
-            self._spawn_final_ack(task, Barrier(p.id, p.trigger_time))
+            self.spawn_final_ack(task, Barrier(p.id, p.trigger_time))
         if len(self._finished) == len(self.tasks) and self._final is None:
             # The end of input is a final checkpoint, with an id above every
             # periodic one, so that a restore after the job finished resumes
@@ -292,7 +299,7 @@ class CheckpointCoordinator:
             self._next_id += 1
             final = self._final = _Pending(n, time.time(), time.monotonic(), final=True)
             for t in self.tasks:
-                self._spawn_final_ack(t, Barrier(final.id, final.trigger_time))
+                self.spawn_final_ack(t, Barrier(final.id, final.trigger_time))
 
     @property
     def all_finished(self) -> bool:
@@ -314,7 +321,8 @@ class CheckpointCoordinator:
                 return p
         return None
 
-    async def acknowledge(self, task: Task, checkpoint_id: int, snap: TaskSnapshot) -> None:
+    async def acknowledge(self, task: Participant, checkpoint_id: int,
+                          snap: TaskSnapshot) -> None:
         p = self._pending_for(checkpoint_id)
         if p is None:
             return  # aborted meanwhile: its files go with its folder

@@ -44,19 +44,16 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from eddyflow.backedge.log import BackEdgeRecords, write_backedge_log
 from eddyflow.connectors.source import SourceReader
 from eddyflow.errors import StateSerializationError
-from eddyflow.keygroups import key_group_range
+from eddyflow.runtime.barriers import BarrierHandler, CheckpointMode
 from eddyflow.runtime.channel import InputGate, Interrupt
-from eddyflow.runtime.channel_state import ChannelStateLog, encode_batches, write_channel_state
 from eddyflow.runtime.clock import Clock
-from eddyflow.runtime.coordinator import TaskSnapshot
 from eddyflow.runtime.events import (
     END_OF_INPUT,
     Barrier,
@@ -66,13 +63,11 @@ from eddyflow.runtime.events import (
     Watermark,
     WatermarkStatus,
 )
-from eddyflow.runtime.faults import fault_point
 from eddyflow.runtime.loops import LoopTracker
-from eddyflow.runtime.operators import Operator, OperatorSnapshot
-from eddyflow.runtime.valve import EventTime, WatermarkValve, encode_watermark
+from eddyflow.runtime.operators import Operator
+from eddyflow.runtime.snapshotting import Snapshotting
+from eddyflow.runtime.valve import EventTime, WatermarkValve
 from eddyflow.runtime.writers import KeyRoutingError, RecordWriter
-from eddyflow.state.abc import SnapshotTarget
-from eddyflow.state.storage import FileHandle, checkpoint_dir_name
 from eddyflow.values import immutable, independent_copy
 
 if TYPE_CHECKING:
@@ -96,23 +91,7 @@ class TaskFailure(Exception):
         self.position = position
 
 
-@dataclass
-class _Alignment:
-    barrier: Barrier
-    started: float
-    seen: set[int] = field(default_factory=set)
-
-
-@dataclass
-class _Captured:
-    """What unaligned barriers overtook on a task's outputs for one
-    checkpoint: per channel key, the batches (pickled) and their records."""
-
-    blobs: dict[str, list[bytes]] = field(default_factory=dict)
-    counts: dict[str, int] = field(default_factory=dict)
-
-
-class Task(EventTime):
+class Task(EventTime, Snapshotting):
     def __init__(
         self,
         name: str,
@@ -145,7 +124,6 @@ class Task(EventTime):
         self.spawn = spawn
         n_in = len(gate.channels) if gate is not None else 0
         self.regular = regular_inputs if regular_inputs is not None else [True] * n_in
-        self._ended = [False] * n_in
         # Loops: which loop each input channel lies in (its records count as in
         # flight round it), and the loop this task ends if it is a loop head
         # (it has back-edge inputs).
@@ -153,22 +131,6 @@ class Task(EventTime):
         self.head_of = head_of
         # The loop each input channel enters from outside, if any.
         self.input_entries = input_entries if input_entries is not None else [None] * n_in
-        # The channel-state log of the checkpoint in flight: a loop head's
-        # back-edges, an unaligned checkpoint's inputs without the barrier.
-        self._backlog: ChannelStateLog | None = None
-        self._captured: dict[int, _Captured] = {}
-        self._unaligned_ids: set[int] = set()  # checkpoints this task took unaligned
-        # Checkpoints the coordinator switched to unaligned: requests not yet
-        # acted on, and those whose barrier has not come yet.
-        self._switch_requests: list[int] = []
-        self._switched: set[int] = set()
-        # Back-edge channels on which barrier n came back before this head
-        # took snapshot n (possible with parallel loops: a tail subtask may
-        # depend on other head subtasks only). Blocked until the snapshot.
-        self._early: dict[int, set[int]] = {}
-        self._loop_ended = False  # a head that ended: only draining its back-edges
-        self._align: _Alignment | None = None
-        self._done_id = 0  # highest checkpoint this task aligned, aborted or skipped
         self._trigger: Barrier | None = None
         self._late_triggers: list[Barrier] = []
         self._final_position: Any = None
@@ -190,12 +152,15 @@ class Task(EventTime):
         self._warned_sharing = False
         self.finished = False
         self._closed = False
-        self._snapshots: dict[int, dict[str, OperatorSnapshot | None]] = {}
-        # Each operator's watermark at the synchronous phase of checkpoint n.
-        self._snapshot_watermarks: dict[int, dict[str, float]] = {}
+        self._init_snapshots()
         self._valve = (WatermarkValve(list(self.regular), final_at_end=head_of is None)
                        if gate is not None else None)
         self._init_event_time(clock, auto_watermark_interval)
+        #: The input side of checkpoints: alignment, logging, switches.
+        self.barriers = BarrierHandler(
+            gate, self.regular,
+            coordinator.mode if coordinator is not None else CheckpointMode.EXACTLY_ONCE, self,
+            owner=operators[0].uid if operators else str(source_uid))
         self.interrupt: Interrupt | None = None
         if coordinator is not None and coordinator.may_go_unaligned:
             # Barriers may overtake: let this task's waits for channel space
@@ -352,6 +317,18 @@ class Task(EventTime):
         what = f"key selector of '{op.uid}'" if op.key_failed else f"operator '{op.uid}'"
         return TaskFailure(self._describe(what, exc, record, where), op.uid, self.subtask, where)
 
+    def spawn_write(self, write: Callable[[], Awaitable[None]]) -> None:
+        if self.spawn is not None:
+            self.spawn(write)
+
+    def state_error(self, exc: StateSerializationError) -> BaseException:
+        return self._serialization_failure(exc)
+
+    def _operator_failure(self, op: Operator, exc: BaseException) -> TaskFailure:
+        """``op`` failed outside a record (its snapshot, say)."""
+        return TaskFailure(self._describe(f"operator '{op.uid}'", exc, _NO_RECORD, None),
+                           op.uid, self.subtask, None)
+
     def _serialization_failure(self, exc: StateSerializationError) -> TaskFailure:
         """A value of ``exc.operator`` that cannot be pickled, as a failure of
         that operator in this subtask."""
@@ -405,7 +382,7 @@ class Task(EventTime):
             if coordinator is not None:
                 for barrier in self._late_triggers:
                     if not self.saw_barrier(barrier.checkpoint_id):
-                        coordinator._spawn_final_ack(self, barrier)
+                        coordinator.spawn_final_ack(self, barrier)
                 self._late_triggers.clear()
                 coordinator.task_finished(self)
         except BaseException:
@@ -459,7 +436,7 @@ class Task(EventTime):
             while True:
                 if self._timers_due:
                     await self._fire_processing_time()
-                if self._switch_requests:
+                if self.barriers.switch_requests:
                     await self._on_switches()
                 # A batch already read belongs before the barrier: its
                 # records are counted in the reader's position.
@@ -526,7 +503,7 @@ class Task(EventTime):
             if self._source_done:
                 self._late_triggers.append(barrier)  # acknowledged once finished
                 return True
-        elif not (self.head_of is not None and self._regular_ended()):
+        elif not (self.head_of is not None and self.barriers.regular_ended()):
             return True
         self._trigger = barrier
         wake = self._trigger_wakeup
@@ -538,32 +515,18 @@ class Task(EventTime):
             self.interrupt.request()  # held up by back-pressure: inject at once
         return True
 
-    def _regular_ended(self) -> bool:
-        return all(self._ended[i] for i, r in enumerate(self.regular) if r)
-
     def saw_barrier(self, checkpoint_id: int) -> bool:
-        return self._done_id >= checkpoint_id
-
-    async def acknowledge_finished(self, barrier: Barrier) -> None:
-        """Acknowledge ``barrier``'s checkpoint with this finished task's
-        final state (sources at their end, keyed state as it ended, pending
-        sink transactions)."""
-        n = barrier.checkpoint_id
-        coordinator = self.coordinator
-        assert coordinator is not None and self.finished
-        self._done_id = max(self._done_id, n)
-        snaps = self._snapshot_operators(n)
-        await self._write_and_ack(n, snaps, self._final_position, 0.0, 0.0)
+        return self.barriers.saw(checkpoint_id)
 
     async def _inject_barrier(self, reader: SourceReader) -> None:
         unaligned = self._unaligned_trigger()
         barrier, self._trigger = self._trigger, None
         assert barrier is not None
-        self._done_id = max(self._done_id, barrier.checkpoint_id)
-        self._switched.discard(barrier.checkpoint_id)
+        self.barriers.mark_done(barrier.checkpoint_id)
+        self.barriers.switched.discard(barrier.checkpoint_id)
         if unaligned:
             barrier = replace(barrier, unaligned=True)
-        await self._checkpoint(barrier, position=reader.position(), unaligned=unaligned)
+        await self.take_checkpoint(barrier, position=reader.position(), unaligned=unaligned)
         coordinator = self.coordinator
         if coordinator is not None and coordinator.synchronous:
             await coordinator.wait_resumed()  # stop the world until it completes
@@ -584,22 +547,22 @@ class Task(EventTime):
         while regular_left or back_left:
             if self._timers_due:
                 await self._fire_processing_time()
-            if self._switch_requests:
+            if self.barriers.switch_requests:
                 await self._on_switches()
             trigger = self._trigger
             if trigger is not None:
                 # A loop head whose input has ended starts checkpoints in its
                 # loop itself: nothing upstream will send it barriers.
                 self._trigger = None
-                if not ended and trigger.checkpoint_id > self._done_id:
-                    self._done_id = trigger.checkpoint_id
-                    await self._checkpoint(trigger, unaligned=trigger.unaligned)
+                if not ended and not self.barriers.saw(trigger.checkpoint_id):
+                    self.barriers.mark_done(trigger.checkpoint_id)
+                    await self.take_checkpoint(trigger, unaligned=trigger.unaligned)
                 continue
             if not ended and self._loop_is_empty():
                 # A loop head: its input is exhausted and nothing is left
                 # anywhere in its loop. End, which ends the loop body in turn;
                 # then drain the back-edges until their end-of-input.
-                ended = self._loop_ended = True
+                ended = self.barriers.loop_ended = True
                 await self._end_of_input()
                 continue
             got = gate.poll()
@@ -613,12 +576,7 @@ class Task(EventTime):
             i, item = got
             kind = type(item)
             if kind is RecordBatch:
-                backlog = self._backlog
-                if backlog is not None and i in backlog.waiting:
-                    try:
-                        backlog.log(i, item)
-                    except StateSerializationError as exc:
-                        raise self._serialization_failure(exc) from exc
+                self.barriers.on_records(i, item)
                 self._current_span = item.span
                 await self._process_input(item, item.span, item.timestamps)
                 tracker = self.input_loops[i]
@@ -640,9 +598,9 @@ class Task(EventTime):
                     turn = time.monotonic()
             elif kind is Barrier:
                 if self.regular[i]:
-                    await self._on_barrier(gate, i, item)
+                    await self.barriers.on_barrier(i, item)
                 else:
-                    self._on_back_edge_barrier(i, item, gate)
+                    self.barriers.on_back_edge_barrier(i, item)
             elif kind is Watermark:
                 wm = valve.on_watermark(i, item.timestamp)
                 if wm is not None:
@@ -656,7 +614,8 @@ class Task(EventTime):
                 if self._assigner is None:
                     await self._set_idle(valve.idle_out)
             elif kind is EndOfInput:
-                self._ended[i] = True
+                aligning = self.barriers.align is not None
+                await self.barriers.on_end(i)
                 wm = valve.on_end(i)
                 if wm is not None:
                     await self._advance_watermark(wm)
@@ -665,162 +624,35 @@ class Task(EventTime):
                     entry.entry_ended()
                 if self.regular[i]:
                     regular_left -= 1
-                    backlog = self._backlog
-                    if backlog is not None and i in backlog.waiting:
-                        self._log_arrived(i)
-                    if self._align is not None:
-                        await self._check_aligned(gate)
-                    elif regular_left == 0 and self.head_of is not None and not ended:
+                    if (not aligning and regular_left == 0 and self.head_of is not None
+                            and not ended):
                         # This head's input ended before the barrier of the
                         # checkpoint in flight reached it: none will now.
                         # Start that checkpoint in the loop itself.
                         coordinator = self.coordinator
                         pending = coordinator.pending_barrier() if coordinator else None
-                        if pending is not None and pending.checkpoint_id > self._done_id:
+                        if pending is not None and not self.barriers.saw(pending.checkpoint_id):
                             self._trigger = pending
                 else:
                     back_left -= 1
-                    self._on_back_edge_barrier(i, None)
             else:
                 raise TypeError(f"task {self.name}: unexpected item on a channel: {item!r}")
         if not ended:
             await self._end_of_input()
-
-    def _on_back_edge_barrier(self, channel: int, barrier: Barrier | None,
-                              gate: InputGate | None = None) -> None:
-        """Barrier ``n`` came back round the loop on a back-edge (or the
-        back-edge ended): stop logging it; once all have, write the log."""
-        backlog = self._backlog
-        if self._loop_ended and backlog is None:
-            # This head has ended: it acknowledges checkpoints with its final
-            # state, and must not block the back-edges it is draining.
-            return
-        if (barrier is not None and barrier.checkpoint_id > self._done_id
-                and (backlog is None or barrier.checkpoint_id != backlog.checkpoint_id)):
-            # Back before this head's own snapshot n: what follows on this
-            # channel is after the barrier, so it must wait (exactly-once)
-            # and nothing on it belongs to n's back-edge log.
-            self._early.setdefault(barrier.checkpoint_id, set()).add(channel)
-            coordinator = self.coordinator
-            if gate is not None and (coordinator is None or coordinator.mode.blocks):
-                gate.block(channel)
-            return
-        if backlog is None or channel not in backlog.waiting:
-            return
-        if barrier is not None and barrier.checkpoint_id != backlog.checkpoint_id:
-            return  # a stale barrier of an aborted checkpoint
-        self._log_arrived(channel)
-
-    async def _on_barrier(self, gate: InputGate, channel: int, barrier: Barrier) -> None:
-        n = barrier.checkpoint_id
-        if barrier.unaligned or n in self._switched:
-            await self._on_unaligned_barrier(gate, channel, barrier)
-            return
-        backlog = self._backlog
-        if backlog is not None and backlog.checkpoint_id == n and channel in backlog.waiting:
-            # Switched to unaligned here while this barrier was on its way.
-            self._log_arrived(channel)
-            return
-        al = self._align
-        if al is not None and n > al.barrier.checkpoint_id:
-            # A newer barrier: the checkpoint being aligned was aborted.
-            self._cancel_alignment(gate)
-            al = None
-        if al is None:
-            if n <= self._done_id:
-                return  # late barrier of an aborted checkpoint
-            al = self._align = _Alignment(barrier, time.monotonic())
-        elif n < al.barrier.checkpoint_id:
-            return
-        al.seen.add(channel)
-        coordinator = self.coordinator
-        if coordinator is None or coordinator.mode.blocks:
-            gate.block(channel)
-        await self._check_aligned(gate)
-        if self._align is al:
-            fault_point("task.aligning")
-
-    async def _check_aligned(self, gate: InputGate) -> None:
-        al = self._align
-        assert al is not None
-        for i in range(len(gate.channels)):
-            if self.regular[i] and not self._ended[i] and i not in al.seen:
-                return
-        self._align = None
-        self._done_id = max(self._done_id, al.barrier.checkpoint_id)
-        await self._checkpoint(al.barrier, alignment=time.monotonic() - al.started)
-        gate.unblock_all()
-
-    async def _on_unaligned_barrier(self, gate: InputGate, channel: int,
-                                    barrier: Barrier) -> None:
-        """Barrier ``n`` overtook the records on ``channel`` (or ``n`` was
-        switched to unaligned): the first one starts the checkpoint at
-        once; each one ends the logging of its channel."""
-        n = barrier.checkpoint_id
-        backlog = self._backlog
-        if backlog is not None and backlog.checkpoint_id == n:
-            if channel in backlog.waiting:
-                self._log_arrived(channel)
-            return
-        if n <= self._done_id:
-            return  # late barrier of an aborted checkpoint, or one already logged
-        await self._start_unaligned(gate, barrier, {channel})
-
-    async def _start_unaligned(self, gate: InputGate, barrier: Barrier, seen: set[int]) -> None:
-        """Snapshot for ``barrier`` now; log the regular inputs not in
-        ``seen`` until their barrier comes. A barrier already queued behind
-        records on one of them (sent aligned) is taken at once, with the
-        records in front of it as that channel's state."""
-        n = barrier.checkpoint_id
-        al = self._align
-        started = time.monotonic()
-        if al is not None:
-            if al.barrier.checkpoint_id == n:
-                seen = seen | al.seen
-                started = al.started
-            self._align = None
-            gate.unblock_all()
-        self._switched.discard(n)
-        self._done_id = max(self._done_id, n)
-        waiting = {i for i, r in enumerate(self.regular)
-                   if r and not self._ended[i] and i not in seen}
-        taken: dict[int, list[RecordBatch]] = {}
-        for i in sorted(waiting):
-            before = gate.channels[i].take_before(
-                lambda e: type(e) is Barrier and e.checkpoint_id == n)
-            if before is not None:
-                taken[i] = before
-        waiting -= set(taken)
-        await self._checkpoint(replace(barrier, unaligned=True),
-                               alignment=time.monotonic() - started,
-                               unaligned=True, waiting=waiting, taken=taken)
-
-    def _log_arrived(self, channel: int) -> None:
-        """The barrier or the end arrived on a channel the log waits on."""
-        backlog = self._backlog
-        assert backlog is not None
-        if backlog.arrived(channel):
-            self._backlog = None
-
-            async def write() -> None:
-                await backlog.write(backlog)
-
-            if self.spawn is not None:
-                self.spawn(write)
 
     def switch_to_unaligned(self, checkpoint_id: int) -> None:
         """Coordinator: checkpoint ``checkpoint_id`` is not aligned after the
         aligned timeout; take it unaligned from now on."""
         if self.finished:
             return
-        self._switch_requests.append(checkpoint_id)
+        self.barriers.request_switch(checkpoint_id)
         if self.interrupt is not None:
             self.interrupt.request()
         self._wake()
 
     async def _on_switches(self) -> None:
         """Act on the coordinator's switches to unaligned."""
-        requests, self._switch_requests = self._switch_requests, []
+        requests, self.barriers.switch_requests = self.barriers.switch_requests, []
         for n in requests:
             # Forwarding barrier n aligned, and held up by back-pressure:
             # overtake instead.
@@ -829,37 +661,18 @@ class Task(EventTime):
                 if type(em) is Barrier and em.checkpoint_id == n:
                     self._capture(n, w.overtake(em))
                     self._unaligned_ids.add(n)
-            trigger = self._trigger
             if self.reader is not None:
+                trigger = self._trigger
                 if trigger is not None and trigger.checkpoint_id == n:
-                    self._switched.add(n)  # injected unaligned, at once
-                continue
-            gate = self.gate
-            if gate is None or n <= self._done_id:
-                continue
-            al = self._align
-            if al is not None and al.barrier.checkpoint_id == n:
-                await self._start_unaligned(gate, al.barrier, set())
-                continue
-            barrier = self._queued_barrier(gate, n)
-            if barrier is not None:
-                await self._start_unaligned(gate, barrier, set())
+                    self.barriers.switched.add(n)  # injected unaligned, at once
             else:
-                self._switched.add(n)  # not here yet: unaligned when it comes
-
-    @staticmethod
-    def _queued_barrier(gate: InputGate, n: int) -> Barrier | None:
-        for ch in gate.channels:
-            for item in ch._items:
-                if type(item) is Barrier and item.checkpoint_id == n:
-                    return item
-        return None
+                await self.barriers.on_switch(n)
 
     async def _on_interrupt(self) -> None:
         """While a put of this task waits for channel space: take part in
         checkpoints (priority barriers, source triggers, switches) without
         reading any record. Everything here overtakes, so nothing waits."""
-        if self._switch_requests:
+        if self.barriers.switch_requests:
             await self._on_switches()
         gate = self.gate
         if gate is not None:
@@ -868,68 +681,35 @@ class Task(EventTime):
                 if got is None:
                     break
                 i, item = got
-                await self._on_barrier(gate, i, item)
+                await self.barriers.on_barrier(i, item)
         elif self.reader is not None and self._trigger is not None and self._unaligned_trigger():
             await self._inject_barrier(self.reader)
 
     def _unaligned_trigger(self) -> bool:
         trigger = self._trigger
         return trigger is not None and (trigger.unaligned
-                                        or trigger.checkpoint_id in self._switched)
-
-    def _capture(self, n: int, overtaken: dict[str, list[RecordBatch]]) -> None:
-        cap = self._captured.setdefault(n, _Captured())
-        uid = self.source_uid if self.reader is not None else self.operators[0].uid
-        try:
-            for key, batches in overtaken.items():
-                cap.blobs.setdefault(key, []).extend(encode_batches(batches, str(uid), n))
-                cap.counts[key] = cap.counts.get(key, 0) + sum(map(len, batches))
-        except StateSerializationError as exc:
-            raise self._serialization_failure(exc) from exc
-
-    def _cancel_alignment(self, gate: InputGate) -> None:
-        al, self._align = self._align, None
-        if al is not None:
-            self._done_id = max(self._done_id, al.barrier.checkpoint_id)
-            gate.unblock_all()
+                                        or trigger.checkpoint_id in self.barriers.switched)
 
     def abort_checkpoint(self, checkpoint_id: int) -> None:
         """Coordinator: checkpoint ``checkpoint_id`` was aborted."""
         if self._trigger is not None and self._trigger.checkpoint_id == checkpoint_id:
             self._trigger = None
-        if self._backlog is not None and self._backlog.checkpoint_id == checkpoint_id:
-            self._backlog = None
         self._captured.pop(checkpoint_id, None)
         self._unaligned_ids.discard(checkpoint_id)
-        self._switched.discard(checkpoint_id)
         self._snapshot_watermarks.pop(checkpoint_id, None)
         snaps = self._snapshots.pop(checkpoint_id, None)
         if snaps is not None:
             self._cancel_snapshots(snaps)
         for op in self.operators:
             op.notify_checkpoint_aborted(checkpoint_id)
-        if self._early.pop(checkpoint_id, None) and self.gate is not None:
-            self.gate.unblock_all()
-        al = self._align
-        if al is not None and al.barrier.checkpoint_id == checkpoint_id and self.gate is not None:
-            self._cancel_alignment(self.gate)
-        self._done_id = max(self._done_id, checkpoint_id)
+        self.barriers.abort(checkpoint_id)
 
     def describe_state(self) -> str:
         """What this task is doing about checkpoints, for a timeout report."""
         parts = []
         if self._trigger is not None:
             parts.append(f"barrier {self._trigger.checkpoint_id} not yet emitted")
-        al = self._align
-        if al is not None:
-            missing = [self.gate.channels[i].name for i in range(len(self.regular))
-                       if self.regular[i] and not self._ended[i] and i not in al.seen
-                       ] if self.gate is not None else []
-            parts.append(f"aligning {al.barrier.checkpoint_id}, waiting on {missing}")
-        if self._backlog is not None and self.gate is not None:
-            waiting = [self.gate.channels[i].name for i in sorted(self._backlog.waiting)]
-            parts.append(f"logging channel state for {self._backlog.checkpoint_id}, "
-                         f"waiting on {waiting}")
+        parts.extend(self.barriers.describe())
         if self.gate is not None:
             queued = {ch.name: len(ch) for ch in self.gate.channels if len(ch)}
             blocked = [ch.name for i, ch in enumerate(self.gate.channels) if self.gate.blocked[i]]
@@ -939,247 +719,16 @@ class Task(EventTime):
                 parts.append(f"blocked {blocked}")
         if self.finished:
             parts.append("finished")
-        if self.gate is not None and any(self._ended):
+        ended = self.barriers.ended
+        if self.gate is not None and any(ended):
             parts.append("ended " + str([self.gate.channels[i].name
-                                         for i, e in enumerate(self._ended) if e]))
-        parts.append(f"last checkpoint {self._done_id}")
+                                         for i, e in enumerate(ended) if e]))
+        parts.append(f"last checkpoint {self.barriers.done_id}")
         return f"{self.name}[{self.subtask}]: " + "; ".join(parts)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         for op in self.operators:
             op.notify_checkpoint_complete(checkpoint_id)
-
-    # -- snapshots -----------------------------------------------------------
-
-    async def _checkpoint(self, barrier: Barrier, *, alignment: float = 0.0,
-                          position: Any = None, forward: bool = True, unaligned: bool = False,
-                          waiting: set[int] | None = None,
-                          taken: dict[int, list[RecordBatch]] | None = None) -> None:
-        """Snapshot for ``barrier`` and forward it. Unaligned: it overtakes
-        this task's output in flight, and the inputs in ``waiting`` are
-        logged until their barrier comes (``taken``: records already
-        captured on inputs whose barrier was taken out of the queue)."""
-        n = barrier.checkpoint_id
-        coordinator = self.coordinator
-        if coordinator is None:
-            return
-        t0 = time.monotonic()
-        snaps = self._snapshot_operators(n)
-        sync_duration = time.monotonic() - t0
-        if unaligned:
-            self._unaligned_ids.add(n)
-
-        async def write(backlog: ChannelStateLog | None = None) -> None:
-            await self._write_and_ack(n, snaps, position, alignment, sync_duration, backlog)
-
-        early = self._early.pop(n, set())
-        stale: set[int] = set()
-        for old in [k for k in self._early if k < n]:
-            stale |= self._early.pop(old)
-        back_edges = [i for i, r in enumerate(self.regular)
-                      if not r and not self._ended[i] and i not in early]
-        if not (forward and coordinator.storage is not None):
-            back_edges = []
-        logged = set(back_edges) | (waiting or set())
-        if logged or taken:
-            # A loop head: the snapshot is written once the barrier has come
-            # back on every back-edge, with the records logged meanwhile; an
-            # unaligned checkpoint: once it has come on every input.
-            log = ChannelStateLog(n, logged, write, head=self.operators[0].uid,
-                                  back_edges=frozenset(back_edges),
-                                  records={i: [] for i in back_edges})
-            try:
-                for i, batches in (taken or {}).items():
-                    log.add(i, batches)
-            except StateSerializationError as exc:
-                raise self._serialization_failure(exc) from exc
-            self._backlog = log
-            if forward:
-                await self._forward(barrier, unaligned)
-            if not logged:
-                self._backlog = None
-                if self.spawn is not None:
-                    self.spawn(lambda: write(log))
-                else:
-                    await write(log)
-        elif (coordinator.synchronous or self.spawn is None) and not unaligned:
-            await write()
-            if forward:
-                await self._forward(barrier, unaligned)
-        else:
-            if forward:
-                await self._forward(barrier, unaligned)
-            if self.spawn is None:
-                await write()
-            else:
-                self.spawn(write)
-        # The back-edges on which barrier n came back before this snapshot
-        # were blocked until it (_on_back_edge_barrier); it is taken and the
-        # barrier forwarded, so what follows on them, which is after n, flows
-        # again. This must happen here, where _early[n] is consumed, and not
-        # only at the end of an alignment (_check_aligned unblocks the whole
-        # gate): a head whose regular inputs have ended snapshots at its own
-        # trigger (_run_gate), with no alignment. Left blocked, such a
-        # back-edge was never read again: the records after the barrier stayed
-        # in flight, or its end-of-input was never seen, so the head never
-        # finished, every later checkpoint and the final one timed out, and
-        # the job hung (the SIGKILL loop soak: head[0] read barrier n from
-        # head[1]'s side of the loop before its own log input's end-of-input,
-        # which is when it learnt of n, and then blocked again[1]->head[0]
-        # forever). Channels blocked for an older checkpoint that this head
-        # never snapshotted are released too: nothing is aligning on them.
-        gate = self.gate
-        if gate is not None:
-            for i in sorted(early | stale):
-                gate.unblock(i)
-
-    async def _forward(self, barrier: Barrier, unaligned: bool) -> None:
-        if unaligned:
-            for w in self.writers:
-                self._capture(barrier.checkpoint_id, w.overtake(barrier))
-        else:
-            for w in self.writers:
-                await w.emit_event(barrier)
-
-    def _snapshot_operators(self, n: int) -> dict[str, OperatorSnapshot | None]:
-        """The synchronous half of every operator's snapshot for checkpoint
-        ``n``. Without storage (no checkpointing) only the sinks'
-        transactions matter: keyed state is not snapshotted."""
-        coordinator = self.coordinator
-        assert coordinator is not None
-        storage = coordinator.storage
-        target = None if storage is None else SnapshotTarget(
-            storage, n, coordinator.run_id, self.subtask,
-            at_end=coordinator.all_finished)
-        snaps: dict[str, OperatorSnapshot | None] = {}
-        for op in self.operators:
-            try:
-                snaps[op.uid] = op.snapshot(n, target)
-            except Exception as exc:
-                # Name the operator and subtask whose snapshot failed (a
-                # value that cannot be pickled, mostly); the half-taken
-                # snapshots of the operators before it are given up.
-                self._cancel_snapshots(snaps)
-                raise TaskFailure(self._describe(f"operator '{op.uid}'", exc, _NO_RECORD, None),
-                                  op.uid, self.subtask, None) from exc
-        # Until written: an abort stops their work (a forked child, say).
-        self._snapshots[n] = snaps
-        self._snapshot_watermarks[n] = {op.uid: op.watermark for op in self.operators
-                                        if op.watermark > -math.inf}
-        return snaps
-
-    async def _write_and_ack(self, n: int, snaps: dict[str, OperatorSnapshot | None],
-                             position: Any, alignment: float, sync_duration: float,
-                             backlog: ChannelStateLog | None = None) -> None:
-        try:
-            await self._write_and_ack_now(n, snaps, position, alignment, sync_duration, backlog)
-        except OSError:
-            self._cancel_snapshots(snaps)
-            coordinator = self.coordinator
-            if coordinator is not None and coordinator.is_aborted(n):
-                return  # the abort removed the folder under our write: nothing lost
-            raise
-        except StateSerializationError as exc:  # a forked snapshot's, or the checkpoint thread's
-            self._cancel_snapshots(snaps)
-            raise self._serialization_failure(exc) from exc
-        except BaseException:
-            self._cancel_snapshots(snaps)
-            raise
-        finally:
-            self._snapshots.pop(n, None)
-            self._snapshot_watermarks.pop(n, None)
-            self._captured.pop(n, None)
-            self._unaligned_ids.discard(n)
-
-    @staticmethod
-    def _cancel_snapshots(snaps: dict[str, OperatorSnapshot | None]) -> None:
-        for snap in snaps.values():
-            if snap is not None and snap.keyed is not None:
-                snap.keyed.cancel()
-
-    async def _write_and_ack_now(self, n: int, snaps: dict[str, OperatorSnapshot | None],
-                                 position: Any, alignment: float, sync_duration: float,
-                                 backlog: ChannelStateLog | None) -> None:
-        coordinator = self.coordinator
-        assert coordinator is not None
-        storage = coordinator.storage
-        t0 = time.monotonic()
-        parts: dict[str, dict[str, Any]] = {}
-        files: list[FileHandle] = []
-        if self.source_uid is not None:
-            parts[self.source_uid] = {"source": position}
-        if storage is not None:
-            fault_point("snapshot.async_write")
-        watermarks = self._snapshot_watermarks.get(n, {})
-        for uid, snap in snaps.items():
-            part: dict[str, Any] = {}
-            if uid in watermarks:
-                # The operator's event time at the barrier (metadata `extra`).
-                part["watermark"] = encode_watermark(watermarks[uid])
-            if snap is not None:
-                if snap.keyed is not None:
-                    keyed = await snap.keyed.write()
-                    files.extend(keyed.file_handles())
-                    part["keyed"] = keyed.to_json()
-                if snap.committables:
-                    part["committables"] = snap.committables
-            parts[uid] = part
-        inputs: dict[str, list[bytes]] = {}
-        in_counts: dict[str, int] = {}
-        if backlog is not None and storage is not None and backlog.back_edges:
-            # The back-edge log belongs to the head operator, first in this task.
-            head = self.operators[0].uid
-            rel = f"{checkpoint_dir_name(n)}/{head}-{self.subtask}/backedge-log"
-            back = {i: backlog.records.get(i, []) for i in backlog.back_edges}
-            handle = await write_backedge_log(storage, rel, BackEdgeRecords(
-                back, sum(backlog.counts.get(i, 0) for i in backlog.back_edges)))
-            files.append(handle)
-            parts.setdefault(head, {})["backedge"] = {
-                "file": handle.to_json(),
-                "records": sum(backlog.counts.get(i, 0) for i in backlog.back_edges),
-            }
-        if backlog is not None and self.gate is not None:
-            for i, blobs in backlog.records.items():
-                if i not in backlog.back_edges and blobs:
-                    key = self.gate.channels[i].key
-                    inputs[key] = blobs
-                    in_counts[key] = backlog.counts.get(i, 0)
-        captured = self._captured.pop(n, None)
-        outputs = {k: v for k, v in captured.blobs.items() if v} if captured else {}
-        state_records = state_size = 0
-        if (inputs or outputs) and storage is not None:
-            owner = self.source_uid if self.reader is not None else self.operators[0].uid
-            assert owner is not None
-            rel = f"{checkpoint_dir_name(n)}/{owner}-{self.subtask}/channel-state"
-            handle = await write_channel_state(storage, rel, inputs, outputs)
-            files.append(handle)
-            out_counts = {k: captured.counts[k] for k in outputs} if captured else {}
-            parts.setdefault(owner, {})["channel_state"] = {
-                "file": handle.to_json(), "inputs": in_counts, "outputs": out_counts}
-            state_records = sum(in_counts.values()) + sum(out_counts.values())
-            state_size = handle.size
-        await coordinator.acknowledge(self, n, TaskSnapshot(
-            parts, files, alignment, sync_duration, time.monotonic() - t0,
-            unaligned=n in self._unaligned_ids, channel_state_records=state_records,
-            channel_state_size=state_size))
-
-    def _restore(self, restored: RestoredCheckpoint) -> None:
-        for op in self.operators:
-            c = op.ctx
-            wm = restored.watermark(op.uid, key_group_range(c.subtask, c.max_parallelism,
-                                                            c.parallelism))
-            if wm is not None:
-                op.watermark = wm
-            if op.keyed:
-                c = op.ctx
-                groups = key_group_range(c.subtask, c.max_parallelism, c.parallelism)
-                op.restore_keyed(restored.storage.root, restored.keyed_kinds(op.uid),
-                                 restored.keyed_handles(op.uid, groups))
-        if self.reader is not None:
-            assert self.source_uid is not None
-            pos = restored.source_position(self.source_uid, self.subtask, self.parallelism)
-            if pos is not None:
-                self.reader.seek(pos)
 
     async def _end_of_input(self) -> None:
         if self.interrupt is not None:

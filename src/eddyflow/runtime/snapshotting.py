@@ -1,0 +1,319 @@
+"""The snapshot half of a task: mixed into ``Task`` as :class:`Snapshotting`.
+
+When its inputs are ready for checkpoint ``n`` (``runtime/barriers.py``
+decides when), a task takes the synchronous phase of every operator's
+snapshot, forwards the barrier — behind its output, or ahead of it for an
+unaligned checkpoint, whose overtaken records it captures here — and writes
+the snapshot asynchronously: keyed state, a loop head's back-edge log, the
+channel state, then the acknowledgement to the coordinator. A finished task
+acknowledges later checkpoints with its final state; a restored task reads
+its operators' state and its source's position back (``_restore``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from eddyflow.backedge.log import BackEdgeRecords, write_backedge_log
+from eddyflow.connectors.source import SourceReader
+from eddyflow.errors import StateSerializationError
+from eddyflow.keygroups import key_group_range
+from eddyflow.runtime.barriers import BarrierHandler
+from eddyflow.runtime.channel import InputGate
+from eddyflow.runtime.channel_state import ChannelStateLog, encode_batches, write_channel_state
+from eddyflow.runtime.coordinator import TaskSnapshot
+from eddyflow.runtime.events import Barrier, RecordBatch
+from eddyflow.runtime.faults import fault_point
+from eddyflow.runtime.operators import Operator, OperatorSnapshot
+from eddyflow.runtime.valve import encode_watermark
+from eddyflow.runtime.writers import RecordWriter
+from eddyflow.state.abc import SnapshotTarget
+from eddyflow.state.storage import FileHandle, checkpoint_dir_name
+
+if TYPE_CHECKING:
+    from eddyflow.runtime.coordinator import CheckpointCoordinator
+    from eddyflow.runtime.restore import RestoredCheckpoint
+
+__all__ = ["Snapshotting"]
+
+
+@dataclass
+class _Captured:
+    """What unaligned barriers overtook on a task's outputs for one
+    checkpoint: per channel key, the batches (pickled) and their records."""
+
+    blobs: dict[str, list[bytes]] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+class Snapshotting:
+    """Mixed into ``Task``: snapshots, their writes and acknowledgements."""
+
+    coordinator: CheckpointCoordinator | None
+    operators: list[Operator]
+    writers: list[RecordWriter]
+    gate: InputGate | None
+    reader: SourceReader | None
+    source_uid: str | None
+    chain_index: int
+    subtask: int
+    parallelism: int
+    spawn: Callable[[Callable[[], Awaitable[None]]], None] | None
+    barriers: BarrierHandler
+    finished: bool
+    _final_position: Any
+
+    def _init_snapshots(self) -> None:
+        self._captured: dict[int, _Captured] = {}
+        self._unaligned_ids: set[int] = set()  # checkpoints this task took unaligned
+        self._snapshots: dict[int, dict[str, OperatorSnapshot | None]] = {}
+        # Each operator's watermark at the synchronous phase of checkpoint n.
+        self._snapshot_watermarks: dict[int, dict[str, float]] = {}
+
+    # what Task provides
+    def _serialization_failure(self, exc: StateSerializationError) -> BaseException:
+        raise NotImplementedError
+
+    def _operator_failure(self, op: Operator, exc: BaseException) -> BaseException:
+        raise NotImplementedError
+
+    async def acknowledge_finished(self, barrier: Barrier) -> None:
+        """Acknowledge ``barrier``'s checkpoint with this finished task's
+        final state (sources at their end, keyed state as it ended, pending
+        sink transactions)."""
+        n = barrier.checkpoint_id
+        coordinator = self.coordinator
+        assert coordinator is not None and self.finished
+        self.barriers.mark_done(n)
+        snaps = self._snapshot_operators(n)
+        await self._write_and_ack(n, snaps, self._final_position, 0.0, 0.0)
+
+    def _capture(self, n: int, overtaken: dict[str, list[RecordBatch]]) -> None:
+        cap = self._captured.setdefault(n, _Captured())
+        uid = self.source_uid if self.reader is not None else self.operators[0].uid
+        try:
+            for key, batches in overtaken.items():
+                cap.blobs.setdefault(key, []).extend(encode_batches(batches, str(uid), n))
+                cap.counts[key] = cap.counts.get(key, 0) + sum(map(len, batches))
+        except StateSerializationError as exc:
+            raise self._serialization_failure(exc) from exc
+
+
+    # -- snapshots -----------------------------------------------------------
+
+    async def take_checkpoint(self, barrier: Barrier, *, alignment: float = 0.0,
+                              position: Any = None, forward: bool = True,
+                              unaligned: bool = False, waiting: set[int] | None = None,
+                              taken: dict[int, list[RecordBatch]] | None = None) -> None:
+        """Snapshot for ``barrier`` and forward it. Unaligned: it overtakes
+        this task's output in flight, and the inputs in ``waiting`` are
+        logged until their barrier comes (``taken``: records already
+        captured on inputs whose barrier was taken out of the queue)."""
+        n = barrier.checkpoint_id
+        coordinator = self.coordinator
+        if coordinator is None:
+            return
+        t0 = time.monotonic()
+        snaps = self._snapshot_operators(n)
+        sync_duration = time.monotonic() - t0
+        if unaligned:
+            self._unaligned_ids.add(n)
+
+        async def write(backlog: ChannelStateLog | None = None) -> None:
+            await self._write_and_ack(n, snaps, position, alignment, sync_duration, backlog)
+
+        early, stale = self.barriers.take_early(n)
+        back_edges = self.barriers.open_back_edges(early)
+        if not (forward and coordinator.storage is not None):
+            back_edges = []
+        waiting = waiting or set()
+        if waiting or back_edges or taken:
+            # A loop head: the snapshot is written once the barrier has come
+            # back on every back-edge, with the records logged meanwhile; an
+            # unaligned checkpoint: once it has come on every input.
+            self.barriers.open_log(n, waiting, back_edges, taken or {}, write)
+            if forward:
+                await self._forward(barrier, unaligned)
+            self.barriers.close_log_if_complete()
+        elif (coordinator.synchronous or self.spawn is None) and not unaligned:
+            await write()
+            if forward:
+                await self._forward(barrier, unaligned)
+        else:
+            if forward:
+                await self._forward(barrier, unaligned)
+            if self.spawn is None:
+                await write()
+            else:
+                self.spawn(write)
+        # The back-edges on which barrier n came back before this snapshot
+        # were blocked until it (_on_back_edge_barrier); it is taken and the
+        # barrier forwarded, so what follows on them, which is after n, flows
+        # again. This must happen here, where _early[n] is consumed, and not
+        # only at the end of an alignment (_check_aligned unblocks the whole
+        # gate): a head whose regular inputs have ended snapshots at its own
+        # trigger (_run_gate), with no alignment. Left blocked, such a
+        # back-edge was never read again: the records after the barrier stayed
+        # in flight, or its end-of-input was never seen, so the head never
+        # finished, every later checkpoint and the final one timed out, and
+        # the job hung (the SIGKILL loop soak: head[0] read barrier n from
+        # head[1]'s side of the loop before its own log input's end-of-input,
+        # which is when it learnt of n, and then blocked again[1]->head[0]
+        # forever). Channels blocked for an older checkpoint that this head
+        # never snapshotted are released too: nothing is aligning on them.
+        gate = self.gate
+        if gate is not None:
+            for i in sorted(early | stale):
+                gate.unblock(i)
+
+    async def _forward(self, barrier: Barrier, unaligned: bool) -> None:
+        if unaligned:
+            for w in self.writers:
+                self._capture(barrier.checkpoint_id, w.overtake(barrier))
+        else:
+            for w in self.writers:
+                await w.emit_event(barrier)
+
+    def _snapshot_operators(self, n: int) -> dict[str, OperatorSnapshot | None]:
+        """The synchronous half of every operator's snapshot for checkpoint
+        ``n``. Without storage (no checkpointing) only the sinks'
+        transactions matter: keyed state is not snapshotted."""
+        coordinator = self.coordinator
+        assert coordinator is not None
+        storage = coordinator.storage
+        target = None if storage is None else SnapshotTarget(
+            storage, n, coordinator.run_id, self.subtask,
+            at_end=coordinator.all_finished)
+        snaps: dict[str, OperatorSnapshot | None] = {}
+        for op in self.operators:
+            try:
+                snaps[op.uid] = op.snapshot(n, target)
+            except Exception as exc:
+                # Name the operator and subtask whose snapshot failed (a
+                # value that cannot be pickled, mostly); the half-taken
+                # snapshots of the operators before it are given up.
+                self._cancel_snapshots(snaps)
+                raise self._operator_failure(op, exc) from exc
+        # Until written: an abort stops their work (a forked child, say).
+        self._snapshots[n] = snaps
+        self._snapshot_watermarks[n] = {op.uid: op.watermark for op in self.operators
+                                        if op.watermark > -math.inf}
+        return snaps
+
+    async def _write_and_ack(self, n: int, snaps: dict[str, OperatorSnapshot | None],
+                             position: Any, alignment: float, sync_duration: float,
+                             backlog: ChannelStateLog | None = None) -> None:
+        try:
+            await self._write_and_ack_now(n, snaps, position, alignment, sync_duration, backlog)
+        except OSError:
+            self._cancel_snapshots(snaps)
+            coordinator = self.coordinator
+            if coordinator is not None and coordinator.is_aborted(n):
+                return  # the abort removed the folder under our write: nothing lost
+            raise
+        except StateSerializationError as exc:  # a forked snapshot's, or the checkpoint thread's
+            self._cancel_snapshots(snaps)
+            raise self._serialization_failure(exc) from exc
+        except BaseException:
+            self._cancel_snapshots(snaps)
+            raise
+        finally:
+            self._snapshots.pop(n, None)
+            self._snapshot_watermarks.pop(n, None)
+            self._captured.pop(n, None)
+            self._unaligned_ids.discard(n)
+
+    @staticmethod
+    def _cancel_snapshots(snaps: dict[str, OperatorSnapshot | None]) -> None:
+        for snap in snaps.values():
+            if snap is not None and snap.keyed is not None:
+                snap.keyed.cancel()
+
+    async def _write_and_ack_now(self, n: int, snaps: dict[str, OperatorSnapshot | None],
+                                 position: Any, alignment: float, sync_duration: float,
+                                 backlog: ChannelStateLog | None) -> None:
+        coordinator = self.coordinator
+        assert coordinator is not None
+        storage = coordinator.storage
+        t0 = time.monotonic()
+        parts: dict[str, dict[str, Any]] = {}
+        files: list[FileHandle] = []
+        if self.source_uid is not None:
+            parts[self.source_uid] = {"source": position}
+        if storage is not None:
+            fault_point("snapshot.async_write")
+        watermarks = self._snapshot_watermarks.get(n, {})
+        for uid, snap in snaps.items():
+            part: dict[str, Any] = {}
+            if uid in watermarks:
+                # The operator's event time at the barrier (metadata `extra`).
+                part["watermark"] = encode_watermark(watermarks[uid])
+            if snap is not None:
+                if snap.keyed is not None:
+                    keyed = await snap.keyed.write()
+                    files.extend(keyed.file_handles())
+                    part["keyed"] = keyed.to_json()
+                if snap.committables:
+                    part["committables"] = snap.committables
+            parts[uid] = part
+        inputs: dict[str, list[bytes]] = {}
+        in_counts: dict[str, int] = {}
+        if backlog is not None and storage is not None and backlog.back_edges:
+            # The back-edge log belongs to the head operator, first in this task.
+            head = self.operators[0].uid
+            rel = f"{checkpoint_dir_name(n)}/{head}-{self.subtask}/backedge-log"
+            back = {i: backlog.records.get(i, []) for i in backlog.back_edges}
+            handle = await write_backedge_log(storage, rel, BackEdgeRecords(
+                back, sum(backlog.counts.get(i, 0) for i in backlog.back_edges)))
+            files.append(handle)
+            parts.setdefault(head, {})["backedge"] = {
+                "file": handle.to_json(),
+                "records": sum(backlog.counts.get(i, 0) for i in backlog.back_edges),
+            }
+        if backlog is not None and self.gate is not None:
+            for i, blobs in backlog.records.items():
+                if i not in backlog.back_edges and blobs:
+                    key = self.gate.channels[i].key
+                    inputs[key] = blobs
+                    in_counts[key] = backlog.counts.get(i, 0)
+        captured = self._captured.pop(n, None)
+        outputs = {k: v for k, v in captured.blobs.items() if v} if captured else {}
+        state_records = state_size = 0
+        if (inputs or outputs) and storage is not None:
+            owner = self.source_uid if self.reader is not None else self.operators[0].uid
+            assert owner is not None
+            rel = f"{checkpoint_dir_name(n)}/{owner}-{self.subtask}/channel-state"
+            handle = await write_channel_state(storage, rel, inputs, outputs)
+            files.append(handle)
+            out_counts = {k: captured.counts[k] for k in outputs} if captured else {}
+            parts.setdefault(owner, {})["channel_state"] = {
+                "file": handle.to_json(), "inputs": in_counts, "outputs": out_counts}
+            state_records = sum(in_counts.values()) + sum(out_counts.values())
+            state_size = handle.size
+        await coordinator.acknowledge(self, n, TaskSnapshot(
+            parts, files, alignment, sync_duration, time.monotonic() - t0,
+            unaligned=n in self._unaligned_ids, channel_state_records=state_records,
+            channel_state_size=state_size))
+
+    def _restore(self, restored: RestoredCheckpoint) -> None:
+        for op in self.operators:
+            c = op.ctx
+            wm = restored.watermark(op.uid, key_group_range(c.subtask, c.max_parallelism,
+                                                            c.parallelism))
+            if wm is not None:
+                op.watermark = wm
+            if op.keyed:
+                c = op.ctx
+                groups = key_group_range(c.subtask, c.max_parallelism, c.parallelism)
+                op.restore_keyed(restored.storage.root, restored.keyed_kinds(op.uid),
+                                 restored.keyed_handles(op.uid, groups))
+        if self.reader is not None:
+            assert self.source_uid is not None
+            pos = restored.source_position(self.source_uid, self.subtask, self.parallelism)
+            if pos is not None:
+                self.reader.seek(pos)
+
