@@ -29,6 +29,7 @@ from eddyflow.functions import KeyedProcessFunction, RuntimeContext
 from eddyflow.keygroups import UnsupportedKeyError
 from eddyflow.restart import FixedDelayRestart, NoRestart, RestartStrategy
 from eddyflow.result import JobResult
+from eddyflow.runtime.metrics import CheckpointMetrics, JobMetrics, OperatorMetrics
 from eddyflow.state import (
     ListState,
     MapState,
@@ -58,6 +59,7 @@ __all__ = [
     "AggregateFunction",
     "CheckpointFolderInUse",
     "CheckpointInfo",
+    "CheckpointMetrics",
     "DataStream",
     "EddyflowError",
     "EventTimeSessionWindows",
@@ -66,6 +68,7 @@ __all__ = [
     "IncompatibleCheckpoint",
     "IterativeStream",
     "JobFailed",
+    "JobMetrics",
     "JobResult",
     "KeyedProcessFunction",
     "KeyedStream",
@@ -76,6 +79,7 @@ __all__ = [
     "MemoryStateBackend",
     "NoRestart",
     "NotReplayableError",
+    "OperatorMetrics",
     "OutputTag",
     "PrintSink",
     "ProcessWindowFunction",

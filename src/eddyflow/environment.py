@@ -12,6 +12,7 @@ from typing import Any
 from eddyflow.connectors.asynciter import AsyncIterableSource
 from eddyflow.connectors.collection import CollectionSource
 from eddyflow.connectors.log import LogSource
+from eddyflow.connectors.sink import Sink
 from eddyflow.connectors.source import Source
 from eddyflow.connectors.textfile import TextFileSource
 from eddyflow.datastream import DataStream
@@ -25,6 +26,7 @@ from eddyflow.runtime.barriers import MODES, CheckpointMode
 from eddyflow.runtime.clock import WALL_CLOCK, Clock
 from eddyflow.runtime.coordinator import CheckpointConfig
 from eddyflow.runtime.job import JobRunner, RuntimeConfig
+from eddyflow.runtime.metrics import MetricsCallback, MetricsReporter
 from eddyflow.runtime.operators import SinkSpec, SourceSpec
 from eddyflow.runtime.restore import RestoredCheckpoint
 from eddyflow.runtime.supersede import supersede_later_output
@@ -153,6 +155,10 @@ class StreamEnvironment:
         self._graph = LogicalGraph()
         #: The name of the job this environment ran (see the class docstring).
         self._executed: str | None = None
+        self._metric_callbacks: list[tuple[MetricsCallback, float]] = []
+        self._metrics_port: int | None = None
+        #: Where ``expose_metrics`` serves, while the job runs: (host, port).
+        self.metrics_address: tuple[str, int] | None = None
 
     # -- configuration -------------------------------------------------------
 
@@ -200,6 +206,26 @@ class StreamEnvironment:
             float(interval), os.fspath(directory), CheckpointMode(mode), retained, float(timeout),
             None if aligned_timeout is None else float(aligned_timeout),
         )
+        return self
+
+    def on_metrics(self, fn: MetricsCallback, every: float = 1.0) -> StreamEnvironment:
+        """Call ``fn(metrics)`` (an ``ef.JobMetrics``) every ``every`` seconds
+        while the job runs, and once more as it ends. An exception in ``fn``
+        is logged; the job goes on."""
+        if not callable(fn):
+            raise TypeError(f"on_metrics needs a callable, got {fn!r}")
+        if (isinstance(every, bool) or not isinstance(every, int | float)
+                or not 0 < every < float("inf")):
+            raise ValueError(f"metrics interval must be > 0 seconds, got {every!r}")
+        self._metric_callbacks.append((fn, float(every)))
+        return self
+
+    def expose_metrics(self, port: int = 9249) -> StreamEnvironment:
+        """Serve the job's metrics to Prometheus on ``127.0.0.1:port`` while it
+        runs (0: a free port, see ``metrics_address``). Off unless called."""
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ValueError(f"metrics port must be 0-65535, got {port!r}")
+        self._metrics_port = port
         return self
 
     def set_clock(self, clock: Clock) -> StreamEnvironment:
@@ -380,6 +406,27 @@ class StreamEnvironment:
             if removed:
                 log.info("removed incomplete checkpoints %s", removed)
         self._executed = job_name  # (no await since the check: it holds)
+        reporter = MetricsReporter.create(job_name, self._metric_callbacks, self._metrics_port)
+        reporter.start_server()
+        self.metrics_address = reporter.address
+        watching = asyncio.ensure_future(reporter.run())
+        try:
+            result = await self._run_attempts(plan, config, storage, job_name, restored,
+                                              lineage, sinks, journals, own, reporter)
+        finally:
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
+            result_metrics = reporter.finish()
+            reporter.stop_server()
+            self.metrics_address = None
+        result.metrics = result_metrics
+        return result
+
+    async def _run_attempts(self, plan: ExecutionPlan, config: RuntimeConfig,
+                            storage: CheckpointStorage | None, job_name: str,
+                            restored: RestoredCheckpoint | None, lineage: str,
+                            sinks: dict[str, Sink], journals: list[CheckpointStorage],
+                            own: str | None, reporter: MetricsReporter) -> JobResult:
         strategy = self.restart_strategy
         restarts = 0
         completed: list[int] = []
@@ -394,6 +441,7 @@ class StreamEnvironment:
                                restore=restored, next_checkpoint_id=next_id,
                                completed_checkpoints=completed, lineage=lineage,
                                base=_base_of(restored, own))
+            reporter.attach(runner, restarts)
             try:
                 result = await runner.run()
             except JobFailed as exc:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from eddyflow.runtime.metrics import JobMetrics
 
 __all__ = ["JobResult", "merge_state"]
 
@@ -61,6 +64,8 @@ class JobResult:
     # Not in the repr: it can hold millions of keys, and asyncio formats the
     # repr of a finished main task's result during teardown.
     final_state: dict[str, dict[str, Mapping[Any, Any]]] = field(default_factory=dict, repr=False)
+    #: The last metrics sample, taken as the job ended (runtime/metrics.py).
+    metrics: JobMetrics | None = field(default=None, repr=False)
 
     def state(self, operator: str, name: str | None = None) -> Mapping[Any, Any]:
         """The final keyed state of ``operator`` (its only state if ``name`` is
