@@ -410,13 +410,17 @@ class StreamEnvironment:
         reporter.start_server()
         self.metrics_address = reporter.address
         watching = asyncio.ensure_future(reporter.run())
+        ok = False
         try:
             result = await self._run_attempts(plan, config, storage, job_name, restored,
                                               lineage, sinks, journals, own, reporter)
+            ok = True
         finally:
             watching.cancel()
             await asyncio.gather(watching, return_exceptions=True)
-            result_metrics = reporter.finish()
+            # The callbacks see the end of a job that finished; a failed one
+            # ends in its exception.
+            result_metrics = reporter.finish(notify=ok)
             reporter.stop_server()
             self.metrics_address = None
         result.metrics = result_metrics

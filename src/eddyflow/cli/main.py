@@ -1,7 +1,8 @@
 """The ``eddyflow`` command line.
 
-``eddyflow run JOB.py`` runs a job file's ``build(env)`` to completion and
-reports what each operator did; ``eddyflow checkpoints DIR`` lists the
+``eddyflow run JOB.py`` runs a job file's ``build(env)`` to completion,
+showing its progress live (cli/live.py), and reports what each operator did;
+``eddyflow checkpoints DIR`` lists the
 completed checkpoints of a checkpoint directory (marking those whose files
 do not verify), or shows one; ``eddyflow validate DIR --job JOB.py`` checks
 a checkpoint on Spark (cli/validate.py). Errors are one line each, exit 2
@@ -11,9 +12,11 @@ traceback (cli/errors.py).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
+import sys
 from typing import Any
 
 import click
@@ -23,6 +26,7 @@ from rich.text import Text
 
 from eddyflow.checkpoints import CheckpointInfo, list_checkpoints
 from eddyflow.cli.errors import FAILED, CliError, EddyflowGroup, job_failed_line
+from eddyflow.cli.live import LiveDisplay, PlainLines
 from eddyflow.cli.validate import validate_command
 from eddyflow.errors import CheckpointFolderInUse, JobFailed, RestoreFailed
 from eddyflow.jobfile import JobFileError, build_environment
@@ -60,9 +64,17 @@ def format_result(result: JobResult) -> str:
 @click.option("--allow-non-restored-state", is_flag=True,
               help="Restore even if the checkpoint holds state no operator of the job "
                    "matches (by name and kind): drop that state, with a warning.")
+@click.option("--quiet", "-q", is_flag=True,
+              help="No live display while the job runs (the final table only).")
+@click.option("--every", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
+              help="Seconds between updates of the live display.")
 def run(job: str, restore: str | None, parallelism: int | None, name: str | None,
-        allow_non_restored_state: bool) -> None:
-    """Run JOB.py, a file that defines build(env)."""
+        allow_non_restored_state: bool, quiet: bool, every: float) -> None:
+    """Run JOB.py, a file that defines build(env).
+
+    While it runs, stderr shows records/s and back-pressure per operator,
+    the last checkpoint and the restarts: redrawn in place on a terminal,
+    one line per update otherwise."""
     options = {} if parallelism is None else {"parallelism": parallelism}
     try:
         env, _ = build_environment(job, **options)
@@ -71,9 +83,17 @@ def run(job: str, restore: str | None, parallelism: int | None, name: str | None
     except (TypeError, ValueError) as exc:  # an option the environment refuses
         raise CliError(f"invalid job {job}: {exc}") from exc
     job_name = name or os.path.splitext(os.path.basename(job))[0]
+    display: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+    if not quiet:
+        console = Console(stderr=True)
+        shown: LiveDisplay | PlainLines = (
+            LiveDisplay(console, job_name) if console.is_terminal else PlainLines(sys.stderr))
+        env.on_metrics(shown.update, every=every)
+        display = shown
     try:
-        result = env.execute(job_name, restore=restore,
-                             allow_non_restored_state=allow_non_restored_state)
+        with display:
+            result = env.execute(job_name, restore=restore,
+                                 allow_non_restored_state=allow_non_restored_state)
     except JobFailed as exc:
         raise CliError(job_failed_line(exc), FAILED) from exc
     except (ValueError, RestoreFailed, CheckpointFolderInUse) as exc:

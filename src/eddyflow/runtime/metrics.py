@@ -224,10 +224,12 @@ class MetricsReporter:
             m = self.sample()
             self._notify(m, time.monotonic())
 
-    def finish(self) -> JobMetrics:
-        """The job ended: the last sample, given to every callback once more."""
+    def finish(self, notify: bool = True) -> JobMetrics:
+        """The job ended: the last sample, given to every callback once more
+        if ``notify``."""
         m = self.sample(final=True)
-        self._notify(m, time.monotonic(), force=True)
+        if notify:
+            self._notify(m, time.monotonic(), force=True)
         return m
 
     # -- Prometheus ------------------------------------------------------------------
