@@ -176,7 +176,9 @@ def test_restore_of_channel_state_at_another_parallelism(
         # Else count and slow chain: the exchange whose records were in
         # flight would not exist (that restore is refused, see below).
         env.disable_operator_chaining()
-    build(env, first, parallelism=new_parallelism)
+    # The same job (its records in flight are on failing->count), failing no more.
+    build(env, first, parallelism=new_parallelism,
+          failing=ef.testing.FailingMap(after=10**9))
     run(env, restore=chk.path)
     assert_exactly_once(first.results)
 
@@ -192,7 +194,7 @@ def test_restore_refuses_channel_state_of_an_exchange_now_chained(tmp_path: Path
     if not held:
         pytest.skip("no checkpoint held records in flight between count and slow")
     env = make_env(directory, mode="unaligned", parallelism=1, attempts=0)
-    build(env, ef.ListSink(), parallelism=1)
+    build(env, ef.ListSink(), parallelism=1, failing=ef.testing.FailingMap(after=10**9))
     with pytest.raises((ef.JobFailed, RestoreFailed)) as info:
         run(env, restore=held[-1].path)
     failure: BaseException | None = info.value

@@ -12,6 +12,7 @@ its operators' state and its source's position back (``_restore``).
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -32,7 +33,7 @@ from eddyflow.runtime.operators import Operator, OperatorSnapshot
 from eddyflow.runtime.valve import encode_watermark
 from eddyflow.runtime.writers import RecordWriter
 from eddyflow.state.abc import SnapshotTarget
-from eddyflow.state.storage import FileHandle, checkpoint_dir_name
+from eddyflow.state.storage import CheckpointStorage, FileHandle, checkpoint_dir_name
 
 if TYPE_CHECKING:
     from eddyflow.runtime.coordinator import CheckpointCoordinator
@@ -247,19 +248,48 @@ class Snapshotting:
         if storage is not None:
             fault_point("snapshot.async_write")
         watermarks = self._snapshot_watermarks.get(n, {})
-        for uid, snap in snaps.items():
-            part: dict[str, Any] = {}
+        for uid in snaps:
+            part = parts.setdefault(uid, {})
             if uid in watermarks:
                 # The operator's event time at the barrier (metadata `extra`).
                 part["watermark"] = encode_watermark(watermarks[uid])
-            if snap is not None:
-                if snap.keyed is not None:
-                    keyed = await snap.keyed.write()
-                    files.extend(keyed.file_handles())
-                    part["keyed"] = keyed.to_json()
-                if snap.committables:
-                    part["committables"] = snap.committables
-            parts[uid] = part
+        in_flight = self._in_flight_files(n, storage, backlog, parts, files)
+        # The keyed state and the records in flight go to the writer process
+        # together: each write waits for turns of a busy loop, so one after
+        # the other would add up.
+        keyed, flight = await asyncio.gather(self._keyed_files(snaps, parts, files), in_flight,
+                                             return_exceptions=True)
+        if isinstance(keyed, BaseException):
+            raise keyed
+        if isinstance(flight, BaseException):
+            raise flight
+        state_records, state_size = flight
+        await coordinator.acknowledge(self, n, TaskSnapshot(
+            parts, files, alignment, sync_duration, time.monotonic() - t0,
+            unaligned=n in self._unaligned_ids, channel_state_records=state_records,
+            channel_state_size=state_size))
+
+    @staticmethod
+    async def _keyed_files(snaps: dict[str, OperatorSnapshot | None],
+                           parts: dict[str, dict[str, Any]], files: list[FileHandle]) -> None:
+        for uid, snap in snaps.items():
+            if snap is None:
+                continue
+            part = parts.setdefault(uid, {})
+            if snap.keyed is not None:
+                keyed = await snap.keyed.write()
+                files.extend(keyed.file_handles())
+                part["keyed"] = keyed.to_json()
+            if snap.committables:
+                part["committables"] = snap.committables
+
+    async def _in_flight_files(self, n: int, storage: CheckpointStorage | None,
+                               backlog: ChannelStateLog | None,
+                               parts: dict[str, dict[str, Any]], files: list[FileHandle]
+                               ) -> tuple[int, int]:
+        """Write checkpoint ``n``'s records in flight: a loop head's back-edge
+        log, and the channel state of an unaligned checkpoint. Returns the
+        channel state's records and bytes."""
         inputs: dict[str, list[bytes]] = {}
         in_counts: dict[str, int] = {}
         if backlog is not None and storage is not None and backlog.back_edges:
@@ -267,13 +297,11 @@ class Snapshotting:
             head = self.operators[0].uid
             rel = f"{checkpoint_dir_name(n)}/{head}-{self.subtask}/backedge-log"
             back = {i: backlog.records.get(i, []) for i in backlog.back_edges}
-            handle = await write_backedge_log(storage, rel, BackEdgeRecords(
-                back, sum(backlog.counts.get(i, 0) for i in backlog.back_edges)))
+            logged = sum(backlog.counts.get(i, 0) for i in backlog.back_edges)
+            handle = await write_backedge_log(storage, rel, BackEdgeRecords(back, logged))
             files.append(handle)
-            parts.setdefault(head, {})["backedge"] = {
-                "file": handle.to_json(),
-                "records": sum(backlog.counts.get(i, 0) for i in backlog.back_edges),
-            }
+            parts.setdefault(head, {})["backedge"] = {"file": handle.to_json(),
+                                                      "records": logged}
         if backlog is not None and self.gate is not None:
             for i, blobs in backlog.records.items():
                 if i not in backlog.back_edges and blobs:
@@ -282,22 +310,17 @@ class Snapshotting:
                     in_counts[key] = backlog.counts.get(i, 0)
         captured = self._captured.pop(n, None)
         outputs = {k: v for k, v in captured.blobs.items() if v} if captured else {}
-        state_records = state_size = 0
-        if (inputs or outputs) and storage is not None:
-            owner = self.source_uid if self.reader is not None else self.operators[0].uid
-            assert owner is not None
-            rel = f"{checkpoint_dir_name(n)}/{owner}-{self.subtask}/channel-state"
-            handle = await write_channel_state(storage, rel, inputs, outputs)
-            files.append(handle)
-            out_counts = {k: captured.counts[k] for k in outputs} if captured else {}
-            parts.setdefault(owner, {})["channel_state"] = {
-                "file": handle.to_json(), "inputs": in_counts, "outputs": out_counts}
-            state_records = sum(in_counts.values()) + sum(out_counts.values())
-            state_size = handle.size
-        await coordinator.acknowledge(self, n, TaskSnapshot(
-            parts, files, alignment, sync_duration, time.monotonic() - t0,
-            unaligned=n in self._unaligned_ids, channel_state_records=state_records,
-            channel_state_size=state_size))
+        if not (inputs or outputs) or storage is None:
+            return 0, 0
+        owner = self.source_uid if self.reader is not None else self.operators[0].uid
+        assert owner is not None
+        rel = f"{checkpoint_dir_name(n)}/{owner}-{self.subtask}/channel-state"
+        handle = await write_channel_state(storage, rel, inputs, outputs)
+        files.append(handle)
+        out_counts = {k: captured.counts[k] for k in outputs} if captured else {}
+        parts.setdefault(owner, {})["channel_state"] = {
+            "file": handle.to_json(), "inputs": in_counts, "outputs": out_counts}
+        return sum(in_counts.values()) + sum(out_counts.values()), handle.size
 
     def _restore(self, restored: RestoredCheckpoint) -> None:
         for op in self.operators:
