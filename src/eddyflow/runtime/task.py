@@ -659,7 +659,7 @@ class Task(EventTime, Snapshotting):
             for w in self.writers:
                 em = w._emitting
                 if type(em) is Barrier and em.checkpoint_id == n:
-                    self._capture(n, w.overtake(em))
+                    self._capture(n, w.overtake(replace(em, unaligned=True), replacing=em))
                     self._unaligned_ids.add(n)
             if self.reader is not None:
                 trigger = self._trigger

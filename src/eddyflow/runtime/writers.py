@@ -108,18 +108,20 @@ class RecordWriter:
         finally:
             self._emitting = None
 
-    def overtake(self, barrier: Any) -> dict[str, list[RecordBatch]]:
+    def overtake(self, barrier: Any, replacing: Any = None) -> dict[str, list[RecordBatch]]:
         """Send ``barrier`` ahead of this writer's records still in flight
         (no ``await``: capacity does not apply); per channel key, the record
-        batches it overtook, oldest first. A channel the barrier already
-        reached (an aligned emit under way) is left alone."""
+        batches it overtook, oldest first. ``replacing``: the same
+        checkpoint's aligned barrier this writer is emitting (held up by
+        back-pressure); a channel it already reached is left alone, and it
+        is not put where ``barrier`` goes."""
         overtaken: dict[str, list[RecordBatch]] = {}
-        emitting = self._emitting is barrier
+        emitting = replacing is not None and self._emitting is replacing
         for i, ch in enumerate(self.channels):
             if emitting and i in self._reached:
                 continue
-            if ch._pending is barrier:
-                ch.drop_pending()  # this very barrier, put aligned: it overtakes instead
+            if emitting and ch._pending is replacing:
+                ch.drop_pending()  # the aligned barrier: this one overtakes instead
             else:
                 ch.deliver_pending()
             buf = self.buffers[i]
