@@ -253,17 +253,24 @@ class Snapshotting:
             if uid in watermarks:
                 # The operator's event time at the barrier (metadata `extra`).
                 part["watermark"] = encode_watermark(watermarks[uid])
-        in_flight = self._in_flight_files(n, storage, backlog, parts, files)
-        # The keyed state and the records in flight go to the writer process
-        # together: each write waits for turns of a busy loop, so one after
-        # the other would add up.
-        keyed, flight = await asyncio.gather(self._keyed_files(snaps, parts, files), in_flight,
-                                             return_exceptions=True)
-        if isinstance(keyed, BaseException):
-            raise keyed
-        if isinstance(flight, BaseException):
-            raise flight
-        state_records, state_size = flight
+        if backlog is None and n not in self._captured:
+            # Nothing in flight (an aligned checkpoint off loops): no task
+            # to schedule, whose start would cost a turn of the loop.
+            await self._keyed_files(snaps, parts, files)
+            state_records = state_size = 0
+        else:
+            # The keyed state and the records in flight go to the writer
+            # process together: each write waits for turns of a busy loop,
+            # so one after the other would add up.
+            keyed, flight = await asyncio.gather(
+                self._keyed_files(snaps, parts, files),
+                self._in_flight_files(n, storage, backlog, parts, files),
+                return_exceptions=True)
+            if isinstance(keyed, BaseException):
+                raise keyed
+            if isinstance(flight, BaseException):
+                raise flight
+            state_records, state_size = flight
         await coordinator.acknowledge(self, n, TaskSnapshot(
             parts, files, alignment, sync_duration, time.monotonic() - t0,
             unaligned=n in self._unaligned_ids, channel_state_records=state_records,
