@@ -49,8 +49,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import eddyflow as ef
 from overhead import NumberSource  # benchmarks/: the script's folder
+
+import eddyflow as ef
 
 GOAL = 0.10
 
@@ -189,9 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
-    print(f"{args.records:,} records x {args.fanout}, {args.keys} keys, 'slow' {args.cost:g} µs/record, "
-          f"batches of {args.batch_size}, channels of {args.capacity} batches, "
-          f"interval {args.interval:g} s, {args.rounds} rounds")
+    print(f"{args.records:,} records x {args.fanout}, {args.keys} keys, "
+          f"'slow' {args.cost:g} µs/record, batches of {args.batch_size}, "
+          f"channels of {args.capacity} batches, interval {args.interval:g} s, "
+          f"{args.rounds} rounds")
     print(f"{'mode':<14} {'checkpoints':>11} {'p50 (s)':>9} {'p99 (s)':>9} "
           f"{'throughput vs none':>19}")
     for mode in ("exactly_once", "unaligned"):

@@ -158,6 +158,7 @@ def test_prometheus_endpoint_serves_the_job_on_localhost(tmp_path: Path) -> None
     body = scraped[0]
     assert 'eddyflow_records_in_total{job="prometheus",operator="count",subtask="0"}' in body
     assert "eddyflow_backpressure{" in body and "eddyflow_restarts_total" in body
+    assert "eddyflow_records_out_per_second{" in body
     assert env.metrics_address is None  # shut down with the job
 
 

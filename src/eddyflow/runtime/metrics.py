@@ -137,7 +137,11 @@ class MetricsReporter:
     restarts: int = 0
     last: JobMetrics | None = None
     _runner: JobRunner | None = None
-    _previous: dict[tuple[str, int], tuple[float, int, int]] = field(default_factory=dict)
+    # Per consumer (the callbacks, Prometheus): the counters of its last
+    # sample, from which its rates are computed, so a scrape does not
+    # shorten the callbacks' interval.
+    _previous: dict[str, dict[tuple[str, int], tuple[float, int, int]]] = field(
+        default_factory=dict)
     _server: Any = None
     _loop: asyncio.AbstractEventLoop | None = None
 
@@ -163,8 +167,10 @@ class MetricsReporter:
         return None if server is None else (str(server.server_address[0]),
                                             int(server.server_address[1]))
 
-    def sample(self, final: bool = False) -> JobMetrics:
+    def sample(self, final: bool = False, consumer: str = "callbacks") -> JobMetrics:
+        """The job now; rates over the time since ``consumer``'s last sample."""
         now = time.monotonic()
+        previous = self._previous.setdefault(consumer, {})
         ops: list[OperatorMetrics] = []
         runner = self._runner
         for t in runner.tasks if runner is not None else ():
@@ -174,7 +180,7 @@ class MetricsReporter:
                 counters.insert(0, (t.source_uid, 0, t.records_read))
             for uid, r_in, r_out in counters:
                 key = (uid, t.subtask)
-                before = self._previous.get(key)
+                before = previous.get(key)
                 rate_in = rate_out = 0.0
                 if before is not None:
                     at, was_in, was_out = before
@@ -183,7 +189,7 @@ class MetricsReporter:
                         # A restart starts the counters again: count from 0.
                         rate_in = (r_in - was_in if r_in >= was_in else r_in) / dt
                         rate_out = (r_out - was_out if r_out >= was_out else r_out) / dt
-                self._previous[key] = (now, r_in, r_out)
+                previous[key] = (now, r_in, r_out)
                 ops.append(OperatorMetrics(uid, t.subtask, r_in, r_out, rate_in, rate_out, bp))
         completed = aborted = 0
         last = None
@@ -251,7 +257,7 @@ class MetricsReporter:
             return self.last
 
         async def take() -> JobMetrics:
-            return self.sample()
+            return self.sample(consumer="prometheus")
 
         try:
             return asyncio.run_coroutine_threadsafe(take(), loop).result(timeout=1.0)
@@ -284,6 +290,9 @@ class _Collector:
                                    labels=labels)
         rate = GaugeMetricFamily("eddyflow_records_in_per_second",
                                  "Records into an operator subtask per second", labels=labels)
+        rate_out = GaugeMetricFamily("eddyflow_records_out_per_second",
+                                     "Records out of an operator subtask per second",
+                                     labels=labels)
         bp = GaugeMetricFamily("eddyflow_backpressure",
                                "Fill of the subtask's bounded input channels (0-1)",
                                labels=labels)
@@ -292,8 +301,9 @@ class _Collector:
             rin.add_metric(lv, o.records_in)
             rout.add_metric(lv, o.records_out)
             rate.add_metric(lv, o.records_in_per_second)
+            rate_out.add_metric(lv, o.records_out_per_second)
             bp.add_metric(lv, o.backpressure)
-        yield from (rin, rout, rate, bp)
+        yield from (rin, rout, rate, rate_out, bp)
         job = ["job"]
         restarts = CounterMetricFamily("eddyflow_restarts", "Restarts of the job", labels=job)
         restarts.add_metric([m.job], m.restarts)
