@@ -298,26 +298,45 @@ class BarrierHandler:
     def _queued_barrier(self, n: int) -> Barrier | None:
         assert self.gate is not None
         for ch in self.gate.channels:
-            for item in ch._items:
-                if type(item) is Barrier and item.checkpoint_id == n:
-                    return item
+            found: Barrier | None = ch.find(
+                lambda e: type(e) is Barrier and e.checkpoint_id == n)
+            if found is not None:
+                return found
         return None
 
     # -- the log --------------------------------------------------------------------
 
-    def take_early(self, checkpoint_id: int) -> tuple[set[int], set[int]]:
-        """Snapshot ``checkpoint_id`` is being taken: the back-edges its
-        barrier came back on before it (to unblock once it is forwarded),
-        and those blocked for older checkpoints this head never took."""
+    def take_early(self, checkpoint_id: int) -> tuple[list[int], set[int]]:
+        """Snapshot ``checkpoint_id`` is being taken: the back-edges to log
+        for it, and the blocked ones to release once its barrier is
+        forwarded (:meth:`release`) — those its barrier came back on before
+        the snapshot (they need no log), and those blocked for older
+        checkpoints this head never took."""
         early = self.early.pop(checkpoint_id, set())
-        stale: set[int] = set()
+        release = set(early)
         for old in [k for k in self.early if k < checkpoint_id]:
-            stale |= self.early.pop(old)
-        return early, stale
+            release |= self.early.pop(old)
+        to_log = [i for i, r in enumerate(self.regular)
+                  if not r and not self.ended[i] and i not in early]
+        return to_log, release
 
-    def open_back_edges(self, early: set[int]) -> list[int]:
-        return [i for i, r in enumerate(self.regular)
-                if not r and not self.ended[i] and i not in early]
+    def release(self, channels: set[int]) -> None:
+        """The back-edges on which a barrier came back before its snapshot
+        were blocked until it (:meth:`on_back_edge_barrier`); it is taken
+        and the barrier forwarded, so what follows on them, which is after
+        it, flows again. This must happen where the snapshot is taken, and
+        not only at the end of an alignment (which unblocks the whole
+        gate): a head whose regular inputs have ended snapshots at its own
+        trigger, with no alignment. Left blocked, such a back-edge was never
+        read again: the records after the barrier stayed in flight, or its
+        end of input was never seen, so the head never finished, every
+        later checkpoint and the final one timed out, and the job hung (the
+        SIGKILL loop soak: head[0] read barrier n from head[1]'s side of the
+        loop before its own log input's end of input, which is when it
+        learnt of n, and then blocked again[1]->head[0] forever)."""
+        if self.gate is not None:
+            for i in sorted(channels):
+                self.gate.unblock(i)
 
     def open_log(self, checkpoint_id: int, waiting: set[int], back_edges: list[int],
                  taken: dict[int, list[RecordBatch]],

@@ -98,7 +98,7 @@ class Channel:
         self._space_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._gate: InputGate | None = None
         self.index = -1
-        #: ``exchange:upstream:downstream``: names the channel in channel state.
+        #: Names the channel in channel state (``channel_state.channel_key``).
         self.key = name
         self._priority = 0  # priority items at the head of the queue
         self._pending: Any = _NOTHING  # the item a waiting put is putting
@@ -181,6 +181,13 @@ class Channel:
         if gate is not None:
             gate._priority_arrived()
         return overtaken
+
+    def find(self, match: Callable[[Any], bool]) -> Any:
+        """The first queued event that ``match``es, or ``None``."""
+        for item in self._items:
+            if type(item) is not RecordBatch and match(item):
+                return item
+        return None
 
     def take_before(self, match: Callable[[Any], bool]) -> list[RecordBatch] | None:
         """If an item that ``match``es is queued: remove it and return the

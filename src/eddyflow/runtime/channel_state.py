@@ -32,8 +32,20 @@ from eddyflow.errors import StateSerializationError
 from eddyflow.state.serialization import find_unpicklable, reason_of, record_text
 from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage, FileHandle
 
-__all__ = ["ChannelStateLog", "decode_channel_state", "encode_batches", "read_channel_state",
-           "write_channel_state"]
+__all__ = ["ChannelStateLog", "channel_key", "decode_channel_state", "encode_batches",
+           "read_channel_state", "split_channel_key", "write_channel_state"]
+
+
+def channel_key(exchange: str, upstream: int, downstream: int) -> str:
+    """How channel state names a channel: ``source->target/up/down``
+    (``exchange`` is ``source->target``, by operator uid)."""
+    return f"{exchange}/{upstream}/{downstream}"
+
+
+def split_channel_key(key: str) -> tuple[str, int, int]:
+    """``(exchange, upstream, downstream)`` of a :func:`channel_key`."""
+    exchange, up, down = key.rsplit("/", 2)
+    return exchange, int(up), int(down)
 
 
 def _encode(batch: list[Any], operator: str, checkpoint_id: int, what: str) -> bytes:

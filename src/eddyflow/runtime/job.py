@@ -14,12 +14,13 @@ from typing import Any
 import anyio
 
 from eddyflow.backedge.feedback import FeedbackChannel
+from eddyflow.backedge.log import Logged
 from eddyflow.errors import JobFailed, RestoreFailed
 from eddyflow.graph.logical import Partitioning
 from eddyflow.graph.plan import ExchangeSpec, ExecutionPlan
-from eddyflow.keygroups import stable_hash, subtask_for_key_group
 from eddyflow.result import JobResult, merge_state
 from eddyflow.runtime.channel import Channel, InputGate
+from eddyflow.runtime.channel_state import channel_key, split_channel_key
 from eddyflow.runtime.clock import WALL_CLOCK, Clock
 from eddyflow.runtime.coordinator import CheckpointConfig, CheckpointCoordinator
 from eddyflow.runtime.events import RecordBatch
@@ -37,7 +38,7 @@ from eddyflow.runtime.writers import (
 from eddyflow.state import writer as writer_process
 from eddyflow.state.abc import StateBackend
 
-__all__ = ["JobRunner", "RuntimeConfig", "channel_key"]
+__all__ = ["JobRunner", "RuntimeConfig"]
 
 log = logging.getLogger("eddyflow.checkpoints")
 
@@ -54,58 +55,6 @@ class RuntimeConfig:
     clock: Clock = WALL_CLOCK
     #: Seconds between a generator's watermarks while busy (0: every batch).
     auto_watermark_interval: float = 0.2
-
-
-def channel_key(exchange: str, upstream: int, downstream: int) -> str:
-    """How channel state names a channel: ``source->target/up/down``."""
-    return f"{exchange}/{upstream}/{downstream}"
-
-
-class _Rerouter:
-    """Channel state of one exchange restored at another parallelism: each
-    record goes where the exchange would send it now."""
-
-    def __init__(self, x: ExchangeSpec, chans: dict[tuple[int, int], Channel],
-                 max_parallelism: int, old_down: int | None) -> None:
-        if x.partitioning is Partitioning.BROADCAST:
-            # Each downstream subtask had consumed its copies up to its own
-            # point: no new subtask's share can be told apart.
-            raise RestoreFailed(
-                f"cannot restore the channel state of broadcast exchange "
-                f"{x.source_node}->{x.target_node} at another parallelism "
-                f"(it was {old_down}); restore at the same parallelism, or from "
-                "an aligned checkpoint")
-        self.x = x
-        self.chans = chans
-        self.max_parallelism = max_parallelism
-        self.ups = sorted({u for u, _ in chans})
-        self.downs = sorted({d for _, d in chans})
-        self._next = 0
-
-    def route(self, old_up: int, old_down: int, records: list[Any],
-              stamps: list[Any] | None) -> None:
-        x = self.x
-        up = self.ups[old_up % len(self.ups)]
-        if x.partitioning is Partitioning.KEY_GROUP:
-            assert x.key_fn is not None
-            p = len(self.downs)
-            out: dict[int, tuple[list[Any], list[Any]]] = {}
-            for k, r in enumerate(records):
-                group = stable_hash(x.key_fn(r)) % self.max_parallelism
-                d = subtask_for_key_group(group, self.max_parallelism, p)
-                recs, ts = out.setdefault(d, ([], []))
-                recs.append(r)
-                ts.append(None if stamps is None else stamps[k])
-            for d, (recs, ts) in sorted(out.items()):
-                self.chans[(up, d) if (up, d) in self.chans else (d, d)].append(
-                    RecordBatch(recs, None, None if stamps is None else ts))
-            return
-        if x.partitioning is Partitioning.FORWARD:
-            self.chans[(up, up)].append(RecordBatch(records, None, stamps))
-            return
-        d = self.downs[self._next % len(self.downs)]  # rebalance: any subtask will do
-        self._next += 1
-        self.chans[(up, d)].append(RecordBatch(records, None, stamps))
 
 
 class JobRunner:
@@ -139,7 +88,9 @@ class JobRunner:
         self._spawn: Any = None
         self.loops = [LoopTracker(i) for i in range(len(plan.loops))]
         self.feedback_channels: list[FeedbackChannel] = []
-        self.exchange_channels: list[tuple[ExchangeSpec, dict[tuple[int, int], Channel]]] = []
+        #: Per exchange, its name (``source->target``) and channels.
+        self.exchange_channels: list[tuple[ExchangeSpec, str,
+                                          dict[tuple[int, int], Channel]]] = []
 
     def _channels(self, x: ExchangeSpec) -> dict[tuple[int, int], Channel]:
         """Channels of one exchange, by (upstream subtask, downstream subtask)."""
@@ -168,7 +119,7 @@ class JobRunner:
             }
         for (i, j), ch in chans.items():
             ch.key = channel_key(name, i, j)
-        self.exchange_channels.append((x, chans))
+        self.exchange_channels.append((x, name, chans))
         return chans
 
     def _writer(self, x: ExchangeSpec, channels: list[Channel], subtask: int) -> RecordWriter:
@@ -281,40 +232,55 @@ class JobRunner:
         """Restore of an unaligned checkpoint: the records that were in
         flight on each channel go back into it, in order, before anything
         new (the upstream subtask resumes after them). At another
-        parallelism they are routed as the exchange routes: by key group
-        into keyed operators, never round-robin."""
+        parallelism the exchange's own writer routes them, as it would
+        send them now: by key group into keyed operators, never
+        round-robin."""
         restored = self.restore
         if restored is None:
             return
         state = restored.channel_state()
         if not state:
             return
-        nodes = self.plan.graph.nodes
-        placed: set[str] = set()
-        for x, chans in self.exchange_channels:
-            if x.back_edge:
+        held: dict[str, list[tuple[int, int, list[Logged]]]] = {}
+        for key, batches in state.items():
+            exchange, up, down = split_channel_key(key)
+            held.setdefault(exchange, []).append((up, down, batches))
+        plan = self.plan
+        for x, name, chans in self.exchange_channels:
+            mine = None if x.back_edge else held.pop(name, None)
+            if mine is None:
                 continue
-            up, down = nodes[x.source_node].uid, nodes[x.target_node].uid
-            prefix = f"{up}->{down}/"
-            mine = {k: v for k, v in state.items() if k.startswith(prefix)}
-            placed.update(mine)
-            if not mine:
-                continue
-            same = (restored.parallelism_of(up) == self.plan.parallelism[x.source_node]
-                    and restored.parallelism_of(down) == self.plan.parallelism[x.target_node])
+            nodes = plan.graph.nodes
+            old_down = restored.parallelism_of(nodes[x.target_node].uid)
+            same = (restored.parallelism_of(nodes[x.source_node].uid)
+                    == plan.parallelism[x.source_node]
+                    and old_down == plan.parallelism[x.target_node])
+            if not same and x.partitioning is Partitioning.BROADCAST:
+                # Each downstream subtask had consumed its copies up to its
+                # own point: no new subtask's share can be told apart.
+                raise RestoreFailed(
+                    f"cannot restore the channel state of broadcast exchange {name} at "
+                    f"another parallelism (it was {old_down}); restore at the same "
+                    "parallelism, or from an aligned checkpoint")
             tracker = self.loops[x.loop] if x.loop is not None else None
-            router = None if same else _Rerouter(x, chans, self.config.max_parallelism,
-                                                 restored.parallelism_of(down))
-            for key, batches in mine.items():
-                old_up, old_down = (int(p) for p in key[len(prefix):].split("/"))
+            ups = sorted({u for u, _ in chans})
+            writers: dict[int, RecordWriter] = {}
+            for old_up, old_down_subtask, batches in mine:
                 for records, stamps in batches:
-                    if router is None:
-                        chans[(old_up, old_down)].append(RecordBatch(records, None, stamps))
+                    if same:
+                        chans[(old_up, old_down_subtask)].append(
+                            RecordBatch(records, None, stamps))
                     else:
-                        router.route(old_up, old_down, records, stamps)
+                        up = ups[old_up % len(ups)]
+                        w = writers.get(up)
+                        if w is None:
+                            w = writers[up] = self._writer(
+                                x, [ch for (u, _), ch in sorted(chans.items()) if u == up], up)
+                        w.add(records, None, stamps)
+                        w.hand_over()
                     if tracker is not None:
                         tracker.in_flight += len(records)
-        lost = sorted({k.rsplit("/", 2)[0] for k in state if k not in placed and state[k]})
+        lost = sorted(name for name, mine in held.items() if any(b for _, _, b in mine))
         if lost:
             # Its records would be lost without a word: the two operators
             # are chained now (same parallelism), or the edge is gone.

@@ -93,16 +93,21 @@ class Snapshotting:
         snaps = self._snapshot_operators(n)
         await self._write_and_ack(n, snaps, self._final_position, 0.0, 0.0)
 
+    @property
+    def state_owner(self) -> str:
+        """The operator this task's channel state belongs to: its source,
+        or the first operator of its chain."""
+        return str(self.source_uid) if self.reader is not None else self.operators[0].uid
+
     def _capture(self, n: int, overtaken: dict[str, list[RecordBatch]]) -> None:
         cap = self._captured.setdefault(n, _Captured())
-        uid = self.source_uid if self.reader is not None else self.operators[0].uid
         try:
             for key, batches in overtaken.items():
-                cap.blobs.setdefault(key, []).extend(encode_batches(batches, str(uid), n))
+                cap.blobs.setdefault(key, []).extend(
+                    encode_batches(batches, self.state_owner, n))
                 cap.counts[key] = cap.counts.get(key, 0) + sum(map(len, batches))
         except StateSerializationError as exc:
             raise self._serialization_failure(exc) from exc
-
 
     # -- snapshots -----------------------------------------------------------
 
@@ -127,8 +132,7 @@ class Snapshotting:
         async def write(backlog: ChannelStateLog | None = None) -> None:
             await self._write_and_ack(n, snaps, position, alignment, sync_duration, backlog)
 
-        early, stale = self.barriers.take_early(n)
-        back_edges = self.barriers.open_back_edges(early)
+        back_edges, release = self.barriers.take_early(n)
         if not (forward and coordinator.storage is not None):
             back_edges = []
         waiting = waiting or set()
@@ -151,25 +155,7 @@ class Snapshotting:
                 await write()
             else:
                 self.spawn(write)
-        # The back-edges on which barrier n came back before this snapshot
-        # were blocked until it (_on_back_edge_barrier); it is taken and the
-        # barrier forwarded, so what follows on them, which is after n, flows
-        # again. This must happen here, where _early[n] is consumed, and not
-        # only at the end of an alignment (_check_aligned unblocks the whole
-        # gate): a head whose regular inputs have ended snapshots at its own
-        # trigger (_run_gate), with no alignment. Left blocked, such a
-        # back-edge was never read again: the records after the barrier stayed
-        # in flight, or its end-of-input was never seen, so the head never
-        # finished, every later checkpoint and the final one timed out, and
-        # the job hung (the SIGKILL loop soak: head[0] read barrier n from
-        # head[1]'s side of the loop before its own log input's end-of-input,
-        # which is when it learnt of n, and then blocked again[1]->head[0]
-        # forever). Channels blocked for an older checkpoint that this head
-        # never snapshotted are released too: nothing is aligning on them.
-        gate = self.gate
-        if gate is not None:
-            for i in sorted(early | stale):
-                gate.unblock(i)
+        self.barriers.release(release)
 
     async def _forward(self, barrier: Barrier, unaligned: bool) -> None:
         if unaligned:
@@ -319,8 +305,7 @@ class Snapshotting:
         outputs = {k: v for k, v in captured.blobs.items() if v} if captured else {}
         if not (inputs or outputs) or storage is None:
             return 0, 0
-        owner = self.source_uid if self.reader is not None else self.operators[0].uid
-        assert owner is not None
+        owner = self.state_owner
         rel = f"{checkpoint_dir_name(n)}/{owner}-{self.subtask}/channel-state"
         handle = await write_channel_state(storage, rel, inputs, outputs)
         files.append(handle)

@@ -160,7 +160,7 @@ class Task(EventTime, Snapshotting):
         self.barriers = BarrierHandler(
             gate, self.regular,
             coordinator.mode if coordinator is not None else CheckpointMode.EXACTLY_ONCE, self,
-            owner=operators[0].uid if operators else str(source_uid))
+            owner=self.state_owner)
         self.interrupt: Interrupt | None = None
         if coordinator is not None and coordinator.may_go_unaligned:
             # Barriers may overtake: let this task's waits for channel space
@@ -657,7 +657,7 @@ class Task(EventTime, Snapshotting):
             # Forwarding barrier n aligned, and held up by back-pressure:
             # overtake instead.
             for w in self.writers:
-                em = w._emitting
+                em = w.emitting
                 if type(em) is Barrier and em.checkpoint_id == n:
                     self._capture(n, w.overtake(replace(em, unaligned=True), replacing=em))
                     self._unaligned_ids.add(n)

@@ -78,6 +78,26 @@ class RecordWriter:
         # records, not batches, and one hand-off is cheaper than ten.
         await self.channels[i].put(buf, self.interrupt)
 
+    @property
+    def emitting(self) -> Any:
+        """The event :meth:`emit_event` is sending, if it is under way."""
+        return self._emitting
+
+    def _hand_over(self, i: int) -> None:
+        """Buffer ``i`` into its channel now, whatever the capacity."""
+        buf = self.buffers[i]
+        if buf:
+            self.buffers[i] = RecordBatch()
+            self.channels[i].append(buf)
+
+    def hand_over(self) -> None:
+        """Every buffer into its channel now, whatever the capacity: restored
+        channel state routed before the job starts."""
+        for i in range(len(self.channels)):
+            self._hand_over(i)
+        self.full = False
+        self.dirty_since = 0.0
+
     async def send_full(self) -> None:
         """Send every buffer that has reached the batch size."""
         size = self.batch_size
@@ -124,10 +144,7 @@ class RecordWriter:
                 ch.drop_pending()  # the aligned barrier: this one overtakes instead
             else:
                 ch.deliver_pending()
-            buf = self.buffers[i]
-            if buf:
-                self.buffers[i] = RecordBatch()
-                ch.append(buf)
+            self._hand_over(i)
             if ch.capacity is None:
                 ch.append(barrier)
                 overtaken[ch.key] = []
