@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from eddyflow.offline.checkpoint import (
@@ -28,12 +28,14 @@ from eddyflow.offline.checkpoint import (
     read_verified_backedge_log,
     read_verified_channel_state,
 )
+from eddyflow.runtime.channel_state import split_channel_key
 from eddyflow.runtime.timers import TIMERS_STATE
 from eddyflow.runtime.windows import WINDOW_STATE
 from eddyflow.state.storage import FileHandle
 from eddyflow.state.ttl import ABSENT, has_ttl, unwrap
 
-__all__ = ["as_text", "backedge_rdd", "channel_state_rdd", "read_backedge_log",
+__all__ = ["as_text", "backedge_rdd", "channel_state_exchanges", "channel_state_rdd",
+           "read_backedge_log",
            "read_channel_state", "read_metadata", "read_positions", "read_state", "read_timers",
            "read_windows", "state_rdd"]
 
@@ -262,34 +264,59 @@ def read_backedge_log(spark: Any, chk: CheckpointLike) -> Any:
 
 
 
-def _channel_state_parts(ref: CheckpointRef) -> list[tuple[str, FileHandle]]:
-    return [(ref.root, part.channel_state.file)
-            for _, op in sorted(ref.meta.operators.items())
-            for _, part in sorted(op.subtasks.items()) if part.channel_state is not None]
+def channel_state_exchanges(chk: CheckpointLike) -> set[str]:
+    """The exchanges (``source->target``) a checkpoint holds records in
+    flight on, from its metadata."""
+    return {split_channel_key(key)[0]
+            for op in _ref(chk).meta.operators.values() for part in op.subtasks.values()
+            if part.channel_state is not None
+            for key in (*part.channel_state.inputs, *part.channel_state.outputs)}
 
 
-def _read_channel_state(part: tuple[str, FileHandle]) -> Iterator[Any]:
-    root, handle = part
+_Part = tuple[str, FileHandle, frozenset[str] | None]
+
+
+def _channel_state_parts(ref: CheckpointRef, exchanges: frozenset[str] | None) -> list[_Part]:
+    """The channel-state files holding records of ``exchanges`` (all if
+    ``None``): a file is read only where it is needed."""
+    out = []
+    for _, op in sorted(ref.meta.operators.items()):
+        for _, part in sorted(op.subtasks.items()):
+            cs = part.channel_state
+            if cs is None:
+                continue
+            if exchanges is None or any(split_channel_key(k)[0] in exchanges
+                                        for k in (*cs.inputs, *cs.outputs)):
+                out.append((ref.root, cs.file, exchanges))
+    return out
+
+
+def _read_channel_state(part: _Part) -> Iterator[Any]:
+    root, handle, exchanges = part
     inputs, outputs = read_verified_channel_state(root, handle)
     for side, channels in (("input", inputs), ("output", outputs)):
         for key, batches in sorted(channels.items()):
-            exchange, up, down = key.rsplit("/", 2)
+            exchange, up, down = split_channel_key(key)
+            if exchanges is not None and exchange not in exchanges:
+                continue
             seq = 0
             for records, stamps in batches:
                 for i, record in enumerate(records):
-                    yield (exchange, int(up), int(down), side, seq, record,
+                    yield (exchange, up, down, side, seq, record,
                            None if stamps is None else stamps[i])
                     seq += 1
 
 
-def channel_state_rdd(sc: Any, chk: CheckpointLike) -> Any:
+def channel_state_rdd(sc: Any, chk: CheckpointLike,
+                      exchanges: Iterable[str] | None = None) -> Any:
     """The records an unaligned checkpoint holds in flight: ``(exchange
     ("source->target"), upstream subtask, downstream subtask, side, seq,
-    record, timestamp)`` with the Python objects. ``side`` is ``"input"``
-    (logged by the downstream subtask after its snapshot) or ``"output"``
-    (overtaken by the barrier); a channel's input records come before its
-    output records, each side in ``seq`` order."""
-    parts = _channel_state_parts(_ref(chk))
+    record, timestamp)`` with the Python objects; of ``exchanges`` only, if
+    given. ``side`` is ``"input"`` (logged by the downstream subtask after
+    its snapshot) or ``"output"`` (overtaken by the barrier); a channel's
+    input records come before its output records, each side in ``seq``
+    order."""
+    parts = _channel_state_parts(_ref(chk), None if exchanges is None else frozenset(exchanges))
     if not parts:
         return sc.emptyRDD()
     return sc.parallelize(parts, len(parts)).flatMap(_read_channel_state)

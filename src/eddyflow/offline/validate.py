@@ -34,7 +34,13 @@ from eddyflow.keygroups import key_group_range
 from eddyflow.offline.checkpoint import CheckpointRef, open_checkpoint
 from eddyflow.offline.errors import spark_errors
 from eddyflow.offline.evaluate import KEYED_SPECS, Watermarks, evaluate
-from eddyflow.offline.readers import as_text, backedge_rdd, channel_state_rdd, state_rdd
+from eddyflow.offline.readers import (
+    as_text,
+    backedge_rdd,
+    channel_state_exchanges,
+    channel_state_rdd,
+    state_rdd,
+)
 from eddyflow.offline.replay import replay_split
 from eddyflow.runtime.operators import SourceSpec
 from eddyflow.runtime.valve import decode_watermark
@@ -288,19 +294,19 @@ def _in_flight(sc: Any, ref: CheckpointRef, node_ids: dict[str, int],
     flight nearer the end of the job first (``-node id``: ids follow the
     graph's order), for they were ahead of what the records further up
     become on their way down."""
-    rdd = channel_state_rdd(sc, ref)
-    targets: dict[str, int] = {}
-    for exchange in sorted(set(rdd.map(lambda t: t[0]).distinct().collect())):
+    by_target: dict[int, list[str]] = {}
+    for exchange in sorted(channel_state_exchanges(ref)):
         target = exchange.split("->", 1)[1]
         if target not in node_ids:
             unreplayed[target] = (f"operator '{target}', which the checkpoint's channel "
                                   "state feeds, is not in the job")
             continue
-        targets[exchange] = node_ids[target]
+        by_target.setdefault(node_ids[target], []).append(exchange)
     out: dict[int, Any] = {}
-    for exchange, nid in targets.items():
-        seq_base = 1 << 40  # output records after the channel's input records
-        out[nid] = rdd.filter(lambda t, x=exchange: t[0] == x).map(
-            lambda t, n=nid, b=seq_base: ((-n, t[1], t[2], t[4] + (b if t[3] == "output" else 0)),
-                                          t[5]))
+    output_after = 1 << 40  # a channel's output records after its input records
+    for nid, exchanges in by_target.items():
+        # All the exchanges into the node: a union of two streams has two.
+        out[nid] = channel_state_rdd(sc, ref, exchanges).map(
+            lambda t, n=nid: ((-n, t[1], t[2], t[4] + (output_after if t[3] == "output" else 0)),
+                              t[5]))
     return out
