@@ -103,6 +103,14 @@ def _positive_int(value: Any, what: str) -> int:
     return value
 
 
+def _positive_seconds(value: Any, what: str) -> float:
+    """``value`` as a finite, positive number of seconds, or ``ValueError``."""
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not 0 < value < float("inf")):
+        raise ValueError(f"{what} must be > 0 seconds, got {value!r}")
+    return float(value)
+
+
 class StreamEnvironment:
     """Declares a job (sources, transformations, sinks) and runs it.
 
@@ -184,9 +192,7 @@ class StreamEnvironment:
         back-pressure. ``aligned_timeout`` (with ``exactly_once``): each
         checkpoint starts aligned and switches to unaligned if it is not
         complete this many seconds after it started."""
-        if (isinstance(interval, bool) or not isinstance(interval, int | float)
-                or not interval > 0 or interval == float("inf")):
-            raise ValueError(f"checkpoint interval must be > 0 seconds, got {interval!r}")
+        interval = _positive_seconds(interval, "checkpoint interval")
         if mode not in MODES:
             raise ValueError(f"checkpoint mode must be one of {', '.join(MODES)}; got {mode!r}")
         if aligned_timeout is not None:
@@ -214,10 +220,7 @@ class StreamEnvironment:
         is logged; the job goes on."""
         if not callable(fn):
             raise TypeError(f"on_metrics needs a callable, got {fn!r}")
-        if (isinstance(every, bool) or not isinstance(every, int | float)
-                or not 0 < every < float("inf")):
-            raise ValueError(f"metrics interval must be > 0 seconds, got {every!r}")
-        self._metric_callbacks.append((fn, float(every)))
+        self._metric_callbacks.append((fn, _positive_seconds(every, "metrics interval")))
         return self
 
     def expose_metrics(self, port: int = 9249) -> StreamEnvironment:
