@@ -7,7 +7,7 @@ sink::
       -> key_by(i % keys) -> running count            # 'count', same parallelism
       -> flat_map: each result ``--fanout`` times      # 'fan-out'
       -> busy map, ``--cost`` µs per record            # 'slow', parallelism 1
-      -> counting sink (exactly-once, 2PC)
+      -> exactly-once sink keeping counts only (overhead.py's GroupTotalsSink)
 
 Tasks share one event loop and take turns, a batch a turn, however big the
 batch: 'slow' falls behind only if more batches reach it per turn than the
@@ -49,59 +49,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from overhead import NumberSource  # benchmarks/: the script's folder
+from overhead import GroupTotalsSink, NumberSource  # benchmarks/: the script's folder
 
 import eddyflow as ef
 
 GOAL = 0.10
-
-
-class CountingSink(ef.Sink):
-    """Exactly-once (stages per checkpoint, commits on completion); keeps the
-    number of committed records and each key's last count only."""
-
-    def __init__(self, keys: int) -> None:
-        self.keys = keys
-        self.committed = 0
-        self.last: dict[int, int] = {}
-        self._staged: dict[str, list[Any]] = {}
-
-    def create_writer(self, subtask: int, parallelism: int) -> ef.SinkWriter:
-        return _Writer(self)
-
-    def commit(self, committables: list[Any]) -> None:
-        for name in committables:
-            for record, n, _copy in self._staged.pop(name, []):
-                self.committed += 1
-                key = record % self.keys
-                if n > self.last.get(key, 0):
-                    self.last[key] = n
-
-    def recover(self, committed: list[Any]) -> None:
-        self.commit(committed)
-        self._staged.clear()
-
-
-class _Writer(ef.SinkWriter):
-    def __init__(self, sink: CountingSink) -> None:
-        self.sink = sink
-        self.buffer: list[Any] = []
-        self.txn = 0
-
-    def write(self, records: list[Any]) -> None:
-        self.buffer.extend(records)
-
-    def prepare_commit(self, checkpoint_id: int) -> Any:
-        self.txn += 1
-        name = f"{id(self)}-{checkpoint_id}-{self.txn}"
-        self.sink._staged[name] = self.buffer
-        self.buffer = []
-        return name
-
-
-def count(r: int, state: int | None) -> tuple[tuple[int, int], int]:
-    n = (state or 0) + 1
-    return (r, n), n
 
 
 class Busy:
@@ -122,10 +74,15 @@ def run_once(mode: str | None, n: int, keys: int, cost: float, interval: float,
                                channel_capacity=capacity)
     if mode is not None:
         env.enable_checkpointing(interval, chk, mode=mode, retained=10_000, timeout=600.0)
-    sink = CountingSink(keys)
+    sink = GroupTotalsSink()  # keeps (key, running count) pairs' count and last counts
+
+    def count(r: int, state: int | None) -> tuple[tuple[int, int], int]:
+        n = (state or 0) + 1
+        return (r % keys, n), n
+
     counted = (env.from_source(NumberSource(n)).name("src")
                .key_by(lambda i: i % keys).map_with_state(count).name("count"))
-    fanned = counted.flat_map(lambda r: [(*r, c) for c in range(fanout)]).name("fan-out")
+    fanned = counted.flat_map(lambda r: [r] * fanout).name("fan-out")
     fanned.map(Busy(cost)).name("slow").set_parallelism(1).sink_to(sink).name("sink") \
         .set_parallelism(1)
     gc.collect()

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+from job_support import Pace
 
 import eddyflow as ef
 
@@ -51,18 +51,13 @@ class _TrickleReader(ef.SourceReader):
         self.pos = int(position)
 
 
-def slow(r: Any) -> Any:
-    time.sleep(0.0005)
-    return r
-
-
 def job(env: ef.StreamEnvironment, n: int = 3000, *, slow_map: bool = False) -> ef.ListSink:
     sink = ef.ListSink()
     ds = env.from_source(Trickle(n), parallelism=1).name("src")
     counted = ds.key_by(lambda i: i % 7).map_with_state(
         lambda r, s: ((r % 7, (s or 0) + 1), (s or 0) + 1)).name("count")
     if slow_map:
-        counted = counted.map(slow).name("slow").set_parallelism(1)
+        counted = counted.map(Pace(1, 0.0005)).name("slow").set_parallelism(1)
     counted.sink_to(sink).name("sink").set_parallelism(1)
     return sink
 

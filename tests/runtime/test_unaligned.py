@@ -15,15 +15,14 @@ at another parallelism.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+from job_support import Pace, watched
 
 import eddyflow as ef
 from eddyflow.errors import RestoreFailed
@@ -46,17 +45,6 @@ def running_count(r: dict[str, Any], state: int | None) -> tuple[Any, int]:
     return (r["k"], n, r["v"]), n
 
 
-class Slow:
-    """Sleeps ``seconds`` per record: the bottleneck before the sink."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-
-    def __call__(self, r: Any) -> Any:
-        time.sleep(self.seconds)
-        return r
-
-
 def build(env: ef.StreamEnvironment, sink: ef.Sink, *, failing: Any = None,
           slow: float = 0.002, parallelism: int = 2) -> None:
     ds = env.from_collection(records()).name("src")
@@ -64,7 +52,8 @@ def build(env: ef.StreamEnvironment, sink: ef.Sink, *, failing: Any = None,
         ds = ds.map(failing).name("failing").set_parallelism(1)
     counted = ds.key_by(lambda r: r["k"]).map_with_state(running_count).name("count")
     counted = counted.set_parallelism(parallelism)
-    out = counted.map(Slow(slow)).name("slow").set_parallelism(1)
+    # The bottleneck before the sink: it sleeps ``slow`` seconds a record.
+    out = counted.map(Pace(1, slow)).name("slow").set_parallelism(1)
     out.sink_to(sink).name("sink").set_parallelism(1)
 
 
@@ -80,9 +69,7 @@ def make_env(directory: Path, *, mode: str = "exactly_once", timeout: float = 60
 
 def run(env: ef.StreamEnvironment, restore: str | None = None,
         timeout: float = 120.0) -> ef.JobResult:
-    async def go() -> ef.JobResult:
-        return await asyncio.wait_for(env.execute_async("unaligned", restore=restore), timeout)
-    return asyncio.run(go())
+    return watched(env.execute_async("unaligned", restore=restore), timeout)
 
 
 def metadata(directory: Path, n: int) -> dict[str, Any]:
