@@ -13,16 +13,18 @@ from tamper import rewrite_channel_state
 
 import eddyflow as ef
 from eddyflow.offline import read_channel_state, validate
+from eddyflow.offline.readers import channel_state_exchanges
 
 JOB = Path(__file__).parent / "jobs" / "backpressured_sums.py"
+UNION = Path(__file__).parent / "jobs" / "backpressured_union.py"
 
 
 def in_flight(info: ef.CheckpointInfo) -> int:
     return info.meta.channel_state_records
 
 
-def unaligned_checkpoints(folder: Path) -> list[ef.CheckpointInfo]:
-    run_with_failures(JOB, folder, interval=0.02, retained=50, mode="unaligned",
+def unaligned_checkpoints(folder: Path, job: Path = JOB) -> list[ef.CheckpointInfo]:
+    run_with_failures(job, folder, interval=0.02, retained=50, mode="unaligned",
                       faults=(("snapshot.async_write", 3),))
     return [i for i in ef.list_checkpoints(folder) if in_flight(i) > 0]
 
@@ -57,3 +59,15 @@ def test_altered_channel_state_fails_naming_the_keys(spark: Any, tmp_path: Path)
     assert not report.ok
     keys = {(r[0], r[2]) for r in report.mismatches.collect()}
     assert keys and {k for _, k in keys} == {sensor}, keys
+
+
+def test_channel_state_of_two_exchanges_into_one_operator_validates(
+        spark: Any, tmp_path: Path) -> None:
+    """A union: the running sums' records in flight come over two exchanges,
+    and the snapshot side must run both forward."""
+    both = {"left->running-sum", "right->running-sum"}
+    held = [i for i in unaligned_checkpoints(tmp_path / "chk", UNION)
+            if both <= channel_state_exchanges(i.path)]
+    assert held, "no checkpoint held records in flight on both exchanges"
+    report = validate(spark, held[0].path, job=UNION)
+    assert report.ok, report.first_mismatches(5)
