@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eddyflow.backedge.log import Logged, decode_backedge_log
+from eddyflow.offline.shipping import import_on_executor
 from eddyflow.runtime.channel_state import decode_channel_state
 from eddyflow.state.abc import KeyedStateHandle, StateFile
 from eddyflow.state.format import DELETED
@@ -111,7 +112,9 @@ def read_keyed_file(kf: KeyedFile) -> Iterator[tuple[int, str, Any, Any]]:
     of its files verified, the deltas applied over the full snapshot."""
     if kf.handle is not None and kf.handle.backend == "rocksdb":
         # Its files are copied into a local folder of this executor,
-        # verified as they are copied, and opened read-only.
+        # verified as they are copied, and opened read-only. rocksdict is
+        # compiled: installed on this executor, or shipped by the driver.
+        import_on_executor("rocksdict")
         yield from kf.handle.read(kf.root, max_parallelism=kf.max_parallelism)
         return
     storage = CheckpointStorage(kf.root)

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from eddyflow.errors import EddyflowError
 from eddyflow.jobfile import JobFileError
 from eddyflow.offline.replay import ReplayError
+from eddyflow.offline.shipping import ExecutorDependencyMissing
 from eddyflow.state.storage import CheckpointCorrupted
 
 __all__ = ["SparkTaskFailed", "original_error", "spark_errors"]
@@ -31,6 +32,7 @@ _OURS: dict[str, type[Exception]] = {
     "eddyflow.state.storage.CheckpointCorrupted": CheckpointCorrupted,
     "eddyflow.offline.replay.ReplayError": ReplayError,
     "eddyflow.jobfile.JobFileError": JobFileError,
+    "eddyflow.offline.shipping.ExecutorDependencyMissing": ExecutorDependencyMissing,
 }
 _WRAPPERS = frozenset({"PythonException", "Py4JJavaError", "CapturedException"})
 _TRACEBACK = "Traceback (most recent call last):"
@@ -74,6 +76,15 @@ def original_error(exc: BaseException) -> Exception | None:
                 break
             message += " " + more.strip()
         cls_name = m.group("cls")
+        if cls_name == "ModuleNotFoundError":
+            # An executor without a module the functions it was sent import:
+            # not one eddyflow ships (shipping.py), or a third-party one of
+            # the job's.
+            return ExecutorDependencyMissing(
+                f"an executor's Python cannot import a module the job needs there: {message}; "
+                "eddyflow ships itself, its pure-Python dependencies and the modules in the "
+                "job file's folder (eddyflow.offline.shipping): install the others on the "
+                "executors")
         known = _OURS.get(cls_name)
         if known is not None:
             return known(message)

@@ -28,6 +28,7 @@ from eddyflow.offline.checkpoint import (
     read_verified_backedge_log,
     read_verified_channel_state,
 )
+from eddyflow.offline.shipping import ship_to_executors
 from eddyflow.runtime.channel_state import split_channel_key
 from eddyflow.runtime.timers import TIMERS_STATE
 from eddyflow.runtime.windows import WINDOW_STATE
@@ -57,6 +58,7 @@ def read_metadata(spark: Any, directory: str | os.PathLike[str]) -> Any:
     """One row per completed checkpoint and operator of a checkpoint
     directory; a checkpoint whose metadata does not verify is left out (and
     logged), as it does not exist for recovery either."""
+    ship_to_executors(spark)
     from pyspark.sql import types as T
 
     from eddyflow.checkpoints import list_checkpoints
@@ -90,6 +92,7 @@ def read_metadata(spark: Any, directory: str | os.PathLike[str]) -> Any:
 def read_positions(spark: Any, chk: CheckpointLike) -> Any:
     """The source positions a checkpoint recorded: ``operator, subtask,
     parallelism, position`` (the position as JSON)."""
+    ship_to_executors(spark)
     from pyspark.sql import types as T
 
     ref = _ref(chk)
@@ -134,6 +137,7 @@ def state_rdd(sc: Any, chk: CheckpointLike, operator: str | None = None, *,
     entries are dropped at the synchronous phase of every snapshot, so
     nothing is left out here (and the checkpoint's time, not the reader's,
     is what a checkpoint's state is as of)."""
+    ship_to_executors(sc, checkpoint=chk)
     files = keyed_files(_ref(chk), operator)
     if not files:
         return sc.emptyRDD()
@@ -147,6 +151,7 @@ def read_state(spark: Any, chk: CheckpointLike, operator: str | None = None) -> 
     ``_windows`` and every operator's timers its map state ``_timers`` (one
     row per key here; :func:`read_windows` and :func:`read_timers` give one
     per window and per timer)."""
+    ship_to_executors(spark)
     from pyspark.sql import types as T
 
     rows = state_rdd(spark.sparkContext, chk, operator).map(
@@ -175,6 +180,7 @@ def read_windows(spark: Any, chk: CheckpointLike, operator: str | None = None) -
     ``operator, subtask, key_group, key, window_start, window_end, state,
     value`` (``value``: the window's accumulator — the running reduce,
     sum, count or aggregate, or the elements for ``process``)."""
+    ship_to_executors(spark)
     from pyspark.sql import types as T
 
     rows = state_rdd(spark.sparkContext, chk, operator).flatMap(_window_rows)
@@ -202,6 +208,7 @@ def read_timers(spark: Any, chk: CheckpointLike, operator: str | None = None) ->
     """Registered timers (of process functions and window operators), one
     row each: ``operator, subtask, key_group, key, domain, timestamp``
     (``domain``: ``event`` or ``processing``)."""
+    ship_to_executors(spark)
     from pyspark.sql import types as T
 
     rows = state_rdd(spark.sparkContext, chk, operator).flatMap(_timer_rows)
@@ -240,6 +247,7 @@ def backedge_rdd(sc: Any, chk: CheckpointLike, operator: str | None = None) -> A
     """Back-edge log records: ``(head operator, subtask, channel, seq,
     record)`` with the Python objects, in logged order; of loop head
     ``operator`` only, if given."""
+    ship_to_executors(sc)
     parts = _backedge_parts(_ref(chk), operator)
     if not parts:
         return sc.emptyRDD()
@@ -249,6 +257,7 @@ def backedge_rdd(sc: Any, chk: CheckpointLike, operator: str | None = None) -> A
 def read_backedge_log(spark: Any, chk: CheckpointLike) -> Any:
     """The records a checkpoint holds on loop back-edges: ``operator,
     subtask, channel, seq, record``."""
+    ship_to_executors(spark)
     from pyspark.sql import types as T
 
     rows = backedge_rdd(spark.sparkContext, chk).map(
@@ -316,6 +325,7 @@ def channel_state_rdd(sc: Any, chk: CheckpointLike,
     its snapshot) or ``"output"`` (overtaken by the barrier); a channel's
     input records come before its output records, each side in ``seq``
     order."""
+    ship_to_executors(sc)
     parts = _channel_state_parts(_ref(chk), None if exchanges is None else frozenset(exchanges))
     if not parts:
         return sc.emptyRDD()
@@ -326,6 +336,7 @@ def read_channel_state(spark: Any, chk: CheckpointLike) -> Any:
     """The records a checkpoint holds in flight on its channels (an
     unaligned checkpoint's channel state): ``exchange, upstream,
     downstream, side, seq, record, timestamp``."""
+    ship_to_executors(spark)
     from pyspark.sql import types as T
 
     rows = channel_state_rdd(spark.sparkContext, chk).map(

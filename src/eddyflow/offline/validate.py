@@ -15,7 +15,9 @@ the loops are empty. A consistent snapshot makes both the same.
 
 User functions travel to the executors with Spark's cloudpickle, by value
 for the job file and the modules beside it (the executors need not have the
-job file on their path; they need eddyflow installed).
+job file on their path); eddyflow and the modules the job imports from its
+folder are shipped to them (``shipping.py``): they need not have eddyflow
+installed.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from eddyflow.offline.readers import (
     state_rdd,
 )
 from eddyflow.offline.replay import replay_split
+from eddyflow.offline.shipping import ship_to_executors
 from eddyflow.runtime.operators import SourceSpec
 from eddyflow.runtime.valve import decode_watermark
 from eddyflow.state.ttl import base_kind, has_ttl, unwrap
@@ -179,6 +182,7 @@ def _validate(spark: Any, chk: str | os.PathLike[str] | CheckpointRef, *,
     ref = chk if isinstance(chk, CheckpointRef) else open_checkpoint(chk, checkpoint)
     sc = spark.sparkContext
     env, module = build_environment(job)
+    ship_to_executors(spark, job=module)
     _by_value(module)
     meta_ops = ref.meta.operators
     plan: ExecutionPlan = env.plan()
