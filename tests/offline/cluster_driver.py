@@ -26,7 +26,7 @@ def executor_view(_: Any) -> tuple[str, str | None, str | None]:
         except (ImportError, ValueError):
             return None
         return None if spec is None else str(spec.origin)
-    return sys.executable, where("eddyflow"), where("anyio")
+    return os.path.realpath(sys.executable), where("eddyflow"), where("anyio")
 
 
 class Collect(logging.Handler):
@@ -76,10 +76,12 @@ def main(spec_path: str) -> None:
 
         out["positions"] = sorted([r["operator"], r["subtask"], r["position"]]
                                   for r in read_positions(spark, spec["memory"]).collect())
-        report = validate(spark, spec["memory"], job=spec["job"])
-        out["validate"] = {"ok": report.ok, "compared": report.compared,
-                           "mismatches": report.mismatch_count,
-                           "replayed": report.records_replayed}
+        for name in ("job", "packaged_job"):
+            report = validate(spark, spec["memory"], job=spec[name])
+            out[f"validate_{name}"] = {"ok": report.ok, "compared": report.compared,
+                                       "mismatches": report.mismatch_count,
+                                       "replayed": report.records_replayed,
+                                       "unreplayed": report.unreplayed}
         if spec.get("rocksdb"):
             rocks = read_state(spark, spec["rocksdb"], operator="count")
             out["rocksdb_state"] = sorted([r["key"], r["value"], r["key_group"]]

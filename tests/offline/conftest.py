@@ -1,5 +1,7 @@
 """One local Spark session for every offline test (starting a JVM costs
-seconds), and helpers to run an example with checkpoints and failures."""
+seconds), one local standalone cluster for the tests that need a real one
+(``standalone``), and helpers to run an example with checkpoints and
+failures."""
 
 from __future__ import annotations
 
@@ -25,6 +27,25 @@ def spark() -> Iterator[Any]:
     session = spark_session("local[2]", app_name="eddyflow-tests")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def standalone() -> Iterator[Any]:
+    """A Spark standalone master and two workers of one core each on
+    127.0.0.1, whose executors run a bare Python (a venv with nothing
+    installed): started once for the whole run, stopped at its end with
+    every JVM it started."""
+    pytest.importorskip("pyspark")
+    from eddyflow.offline.standalone import bare_python, can_import, start_cluster
+
+    python = bare_python()
+    assert not can_import(python, "eddyflow"), f"{python} must not have eddyflow"
+    cluster = start_cluster(workers=2, cores_per_worker=1, python=python)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+    assert cluster.leftover() == [], "the cluster left processes running"
 
 
 def run_with_failures(job: Path, checkpoints: Path, *, interval: float = 0.02,

@@ -1,7 +1,11 @@
 """A Spark session for the offline jobs, configured for a laptop or a cluster.
 
-The executors' Python must be the driver's (eddyflow and the job's imports
-live there), so ``PYSPARK_PYTHON`` defaults to ``sys.executable``.
+On a ``local`` master the executors' Python defaults (``PYSPARK_PYTHON``)
+to the driver's own, ``sys.executable``: the same version, with the job's
+third-party imports. On a cluster Spark's default stands (the nodes'
+``python3``, or ``PYSPARK_PYTHON`` if set): the driver's path may not exist
+there, and executors need not have eddyflow, which ships itself to them
+(``shipping.py``); they need the driver's Python minor version.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ __all__ = ["spark_session"]
 def spark_session(master: str | None = None, app_name: str = "eddyflow") -> Any:
     """The active Spark session, or a new one on ``master`` (default
     ``local[*]``; any Spark master URL works unchanged)."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if (master or "local[*]").startswith("local"):
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 

@@ -240,8 +240,15 @@ def executor_imports() -> dict[str, list[str] | str | None]:
     eddyflow and its offline package loads (what an executor imports to run
     eddyflow's functions), with their locations: asked of a child
     interpreter of this Python, with this process's environment."""
+    import eddyflow
+
+    # This process's eddyflow, wherever it came from (an install, a
+    # PYTHONPATH, a notebook's sys.path): first on the child's path.
+    here = os.path.dirname(os.path.dirname(os.path.abspath(eddyflow.__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
     done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
-                          timeout=120, check=False)
+                          timeout=120, check=False, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"cannot list eddyflow's imports: {done.stderr.strip()[-2000:]}")
     found: dict[str, list[str] | str | None] = json.loads(done.stdout.strip().splitlines()[-1])

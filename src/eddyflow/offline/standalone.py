@@ -130,6 +130,8 @@ class StandaloneCluster:
     work_dir: Path
     _procs: list[subprocess.Popen[bytes]] = field(default_factory=list, repr=False)
     _owned_dir: bool = field(default=False, repr=False)
+    #: Process groups ever started (one per daemon, with what it forked).
+    _groups: list[int] = field(default_factory=list, repr=False)
 
     def session_conf(self) -> dict[str, str]:
         """Settings a session needs to fit this cluster (executor size; the
@@ -140,8 +142,27 @@ class StandaloneCluster:
                 "spark.driver.host": "127.0.0.1",
                 "spark.driver.bindAddress": "127.0.0.1"}
 
+    @property
+    def python_bin(self) -> Path:
+        """The folder first on the workers' PATH: ``python3`` there is
+        :attr:`python`."""
+        return self.work_dir / "python-bin"
+
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs]
+
+    def leftover(self) -> list[int]:
+        """Process groups of this cluster with a process still alive
+        (none once :meth:`stop` returned)."""
+        return [g for g in self._groups if _group_alive(g)]
+
+    def driver_env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """An environment for a driver process (``spark-submit``, the
+        ``eddyflow`` CLI) of this cluster: ``base`` (default this
+        process's) with Spark bound to 127.0.0.1, as the daemons are."""
+        env = dict(os.environ if base is None else base)
+        env["SPARK_LOCAL_IP"] = "127.0.0.1"
+        return env
 
     def alive(self) -> bool:
         return any(p.poll() is None for p in self._procs)
@@ -171,13 +192,28 @@ class StandaloneCluster:
 
 
 def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+    """Whether a process of group ``pgid`` is running. Zombies do not count:
+    spark-class leaves its launcher subshell unreaped, and where the
+    container's init does not reap orphans it stays a zombie for good."""
+    if not os.path.isdir("/proc"):
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
         return True
-    return True
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces and ")".
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
 
 
 def _wait_for(path: Path, text: str, proc: subprocess.Popen[bytes], what: str,
@@ -244,6 +280,7 @@ def start_cluster(workers: int = 2, cores_per_worker: int = 1, *,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
         cluster._procs.append(proc)
+        cluster._groups.append(proc.pid)  # start_new_session: its pid is its group
         return proc, path
 
     try:
