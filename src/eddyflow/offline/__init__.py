@@ -6,6 +6,9 @@
   DataFrames, read by the executors.
 * ``validate``: replay a job's input up to a checkpoint and prove its state
   consistent, key by key.
+* ``ship_to_executors``: what each of them does first — eddyflow, the job's
+  modules and, for RocksDB checkpoints, ``rocksdict`` shipped to the
+  session's executors once (any session, any master; ``shipping.py``).
 
 Spark is imported only when one of these runs, so ``import eddyflow`` never
 starts a JVM.
@@ -24,9 +27,11 @@ from eddyflow.offline.readers import (
 )
 from eddyflow.offline.replay import ReplayError, replay_split
 from eddyflow.offline.session import spark_session
+from eddyflow.offline.shipping import ExecutorDependencyMissing, ship_to_executors
 from eddyflow.offline.validate import ValidationReport, validate
 
 __all__ = [
+    "ExecutorDependencyMissing",
     "ReplayError",
     "ValidationReport",
     "open_checkpoint",
@@ -38,6 +43,7 @@ __all__ = [
     "read_timers",
     "read_windows",
     "replay_split",
+    "ship_to_executors",
     "spark_session",
     "state_rdd",
     "validate",

@@ -355,7 +355,7 @@ def import_on_executor(module: str) -> ModuleType:
         missing = exc
     shipped_zip = _shipped_native(module)
     if shipped_zip is not None:
-        target = shipped_zip[:-len(".zip")]
+        target = os.path.abspath(shipped_zip[:-len(".zip")])  # the root may be "."
         if not os.path.isdir(target):
             # Unpacked once per executor, beside the shipped file, and
             # renamed into place: concurrent tasks never see half of it.
