@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all lint bench bench-all clean
+.PHONY: demo test test-all test-cluster lint bench bench-all clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ test: lint
 test-all: lint
 	$(PY) -m pytest -q
 
+# Only the tests on the local Spark standalone cluster (also part of `test`).
+test-cluster: $(STAMP)
+	$(PY) -m pytest -q -m cluster
+
 bench: $(VENV)/.bench
 	$(PY) benchmarks/throughput.py
 
@@ -40,6 +44,7 @@ bench-all: $(VENV)/.bench
 	$(PY) benchmarks/overhead.py --plot docs/img/overhead.png
 	$(PY) benchmarks/iterations.py
 	$(PY) benchmarks/validate.py
+	$(PY) benchmarks/offline.py
 	$(PY) benchmarks/windows.py
 
 clean:
