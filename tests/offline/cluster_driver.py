@@ -67,7 +67,8 @@ def main(spec_path: str) -> None:
         from eddyflow.offline.shipping import import_on_executor, ship_to_executors, shipped
 
         state = read_state(spark, spec["memory"], operator="count")
-        out["state"] = sorted([r["key"], r["value"], r["key_group"]] for r in state.collect())
+        out["state"] = sorted([str(r["key"]), str(r["value"]), r["key_group"]]
+                              for r in state.collect())
         out["first_logs"] = list(collect.messages)
         out["after"] = sorted(set(sc.parallelize(range(4), 4).map(executor_view).collect()))
         collect.messages.clear()
@@ -84,7 +85,7 @@ def main(spec_path: str) -> None:
                                        "unreplayed": report.unreplayed}
         if spec.get("rocksdb"):
             rocks = read_state(spark, spec["rocksdb"], operator="count")
-            out["rocksdb_state"] = sorted([r["key"], r["value"], r["key_group"]]
+            out["rocksdb_state"] = sorted([str(r["key"]), str(r["value"]), r["key_group"]]
                                           for r in rocks.collect())
         out["shipped"] = sorted(shipped(spark))
         out["logs"] = list(collect.messages)
