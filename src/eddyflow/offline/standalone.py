@@ -315,8 +315,17 @@ def cluster(**options: object) -> Iterator[StandaloneCluster]:
         c.stop()
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    # The daemons are in sessions of their own: however this process is
+    # told to stop (Ctrl-C, kill, a closed terminal; SIGINT is ignored when
+    # started in the background by a shell), it stops them first.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
     with cluster() as c:
         print(f"master: {c.master_url}  (web UI {c.master_ui_url}); Ctrl-C stops it",
               flush=True)
