@@ -146,8 +146,9 @@ def test_shipped_once_per_context_and_logged(runs: dict[str, dict[str, Any]]) ->
     for where in ("local", "cluster"):
         run = runs[where]
         [first] = run["first_logs"]
-        assert first.startswith("shipped eddyflow with aiofiles, anyio, typing_extensions to "
-                                "the executors of "), first
+        # (which packages besides anyio and aiofiles depends on their versions)
+        assert first.startswith("shipped eddyflow with "), first
+        assert "aiofiles, anyio" in first and " to the executors of " in first, first
         assert run["second_logs"] == []  # a second call ships nothing
         # Later calls (positions, two validations, the RocksDB read) ship
         # only what was new: the package beside the second job, rocksdict.
