@@ -628,7 +628,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             self.declare(name, kind)
         self._not_fresh()
         if self.factory.incremental:
-            self._strategy.confirmed = {n: h for n, h in handle.db_files if n.endswith(".sst")}
+            self._strategy.restored(root, {n: h for n, h in handle.db_files
+                                           if n.endswith(".sst")})
         return handle.entries
 
     def _restore_range(self, root: str, handle: KeyedStateHandle) -> int:
