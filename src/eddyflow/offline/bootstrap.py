@@ -177,7 +177,7 @@ def _bootstrap(spark: Any, df: Any, *, job: str | os.PathLike[str], operator: st
     node = _keyed_node(plan, operator, job)
     p = plan.parallelism[node.id]
     mp = plan.max_parallelism
-    kinds = _declared_states(plan, node.id, env.state_backend)
+    kinds = _declared_states(plan, node.id)
     if state not in kinds:
         raise BootstrapError(
             f"operator '{operator}' of {os.fspath(job)} has no state '{state}'; it declares "
@@ -250,7 +250,7 @@ def _keyed_node(plan: ExecutionPlan, operator: str, job: str | os.PathLike[str])
     return node
 
 
-def _declared_states(plan: ExecutionPlan, node_id: int, state_backend: Any) -> dict[str, str]:
+def _declared_states(plan: ExecutionPlan, node_id: int) -> dict[str, str]:
     """The states an instance of the operator declares when it opens (its
     kind by name), learnt by opening one on a memory backend."""
     node = plan.graph.nodes[node_id]
@@ -345,6 +345,8 @@ def _metadata(target: _Target, plan: ExecutionPlan, node_id: int,
     for n in plan.graph.nodes:
         p = plan.parallelism[n.id]
         parts: dict[int, SubtaskState] = {}
+        kinds = (_declared_states(plan, n.id)
+                 if n.keyed and n.id != node_id else {})
         for s in range(p):
             if n.id == node_id:
                 parts[s] = SubtaskState(keyed=handles[s])
@@ -352,7 +354,6 @@ def _metadata(target: _Target, plan: ExecutionPlan, node_id: int,
                 parts[s] = SubtaskState(is_source=True, position=positions[n.uid][s])
             elif n.keyed:
                 # Declared, holding nothing: as a job's first checkpoint has them.
-                kinds = _declared_states(plan, n.id, env.state_backend)
                 parts[s] = SubtaskState(keyed=KeyedStateHandle(
                     "memory", kinds, 0, key_group_range(s, mp, p)))
             else:
@@ -500,6 +501,8 @@ class _RecordInput:
             frames.append(frame)
             count += len(chunk)
             yield from zip(key_groups_of(keys, t.max_parallelism), chunk, strict=True)
+        if not count:
+            return  # an empty partition records nothing
         rel = f"{checkpoint_dir_name(t.checkpoint_id)}/bootstrap/{t.operator}-{t.state}-{index}"
         done = write_durably(os.path.join(t.root, rel), frames)
         handle = FileHandle(rel, int(done["size"]), str(done["sha256"]))
