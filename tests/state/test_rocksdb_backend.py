@@ -380,3 +380,25 @@ def test_restore_declares_every_state_the_checkpoint_names(tmp_path: Path, kind:
     new.restore_from(storage.root, {**handle.kinds, "elsewhere": "map"}, [handle])
     assert new.kinds == {"v": "value", "l": "list", "elsewhere": "map"}
     assert len(restored(new)) == 10
+
+
+@pytest.mark.parametrize("kind", ["rocksdb", "memory"])
+def test_bulk_load_of_a_fresh_backend_snapshots_and_restores(tmp_path: Path, kind: str) -> None:
+    storage = CheckpointStorage(tmp_path / "chk")
+    factory: ef.StateBackend = (ef.RocksDBStateBackend(tmp_path / "local") if kind == "rocksdb"
+                                else ef.MemoryStateBackend())
+    b = factory.create_keyed_backend("op", 0, range(MP), MP, checkpointing=True)
+    values = {f"k{i}" if i % 2 else (i, "t"): {"n": i, "seen": [i]} for i in range(5000)}
+    maps = {f"k{i}": {"a": i, ("b", 1): [i]} for i in range(300)}
+    b.restore({"v": "value", "m": "map", "l": "list"}, ())
+    assert b.bulk_load("v", "value", values) == 5000
+    assert b.bulk_load("m", "map", maps) == 300  # (a map's rows: through restore)
+    assert b.kinds == {"v": "value", "m": "map", "l": "list"}
+    # The values are read back as loaded, before and after a snapshot.
+    assert dict(b.tables()["v"].items()) == values
+    handle = snapshot(b, storage, 1)
+    b.close()
+    new = ef.MemoryStateBackend().create_keyed_backend("op", 0, range(MP), MP)
+    new.restore_from(storage.root, handle.kinds, [handle])
+    tables = new.tables()
+    assert tables["v"] == values and tables["m"] == maps and tables["l"] == {}

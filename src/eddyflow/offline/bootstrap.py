@@ -41,7 +41,9 @@ never replaces one; the folder is locked while it is written.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import itertools
 import logging
 import os
 import pickle
@@ -58,7 +60,6 @@ from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.jobfile import build_environment
 from eddyflow.keygroups import (
     UnsupportedKeyError,
-    check_key,
     key_group_range,
     key_groups_of,
     subtask_for_key_group,
@@ -83,6 +84,7 @@ from eddyflow.state.metadata import (
 )
 from eddyflow.state.storage import CheckpointStorage, FileHandle, checkpoint_dir_name
 from eddyflow.state.ttl import has_ttl
+from eddyflow.values import SCALARS
 
 __all__ = ["BACKENDS", "bootstrap"]
 
@@ -95,7 +97,7 @@ _KINDS = ("value", "reducing", "map", "list")
 _LEN = struct.Struct(">Q")
 #: The key group of an ungrouped frame (``state/format.py``).
 _UNGROUPED = -1
-#: Key group of the shuffle's records that carry an input file's handle.
+#: Subtask of the shuffle's records that carry an input file's handle.
 _INPUT_MARK = -1
 
 
@@ -316,7 +318,7 @@ def _write(spark: Any, df: Any, target: _Target, plan: ExecutionPlan, node_id: i
     convert = _Convert(key, values, key_fn, value_fn, target.kind, target.operator, target.state)
     p = target.parallelism
     results = (rows.mapPartitionsWithIndex(_RecordInput(target, convert))
-               .partitionBy(p, _Subtask(target.max_parallelism, p))
+               .partitionBy(p, _Subtask())
                .mapPartitionsWithIndex(_WriteSubtask(target))
                .collect())
     handles: dict[int, KeyedStateHandle] = {}
@@ -418,9 +420,15 @@ def _python(x: Any, as_key: bool) -> Any:
     return x
 
 
+_PLAIN = frozenset({str, int, float, bool})
+
+
 @dataclass(frozen=True)
 class _Convert:
-    """A row to ``(key, value)``, checked."""
+    """Rows (``key, *other value columns``, as ``_write`` selects them) to
+    keys and values, checked, a chunk at a time: the common case (string or
+    number keys, scalar values, no functions) costs a few passes at C
+    speed, not a Python call per row."""
 
     key: str
     values: list[str]
@@ -430,44 +438,55 @@ class _Convert:
     operator: str
     state: str
 
-    def __call__(self, row: Any) -> tuple[Any, Any]:
-        k = row[self.key]
-        if k is None:
+    def positions(self) -> list[int]:
+        others = [c for c in self.values if c != self.key]
+        return [0 if c == self.key else 1 + others.index(c) for c in self.values]
+
+    def __call__(self, rows: list[Any]) -> tuple[list[Any], list[Any]]:
+        keys = [r[0] for r in rows]
+        types = set(map(type, keys))
+        if type(None) in types:
             raise BootstrapError(f"column '{self.key}' is null in a row: a key is needed")
-        k = _python(k, True)
+        if not types <= _PLAIN:
+            keys = [_python(k, True) for k in keys]
         if self.key_fn is not None:
-            k = self.key_fn(k)
-        try:
-            check_key(k)
-        except UnsupportedKeyError as exc:
-            raise BootstrapError(f"column '{self.key}': {exc} (convert it with key_fn)") \
-                from None
-        if len(self.values) == 1:
-            v = _python(row[self.values[0]], False)
-            if v is None:
+            keys = list(map(self.key_fn, keys))
+        at = self.positions()
+        if len(at) == 1:
+            vals = [r[at[0]] for r in rows]
+            types = set(map(type, vals))
+            if type(None) in types:
+                k = keys[vals.index(None)]
                 raise BootstrapError(f"column '{self.values[0]}' is null for key {k!r}: a "
                                      "state holds no null value")
+            if not types <= SCALARS:
+                vals = [_python(v, False) for v in vals]
         else:
-            v = {c: _python(row[c], False) for c in self.values}
+            names = list(zip(self.values, at, strict=True))
+            vals = [{c: _python(r[i], False) for c, i in names} for r in rows]
         if self.value_fn is not None:
-            v = self.value_fn(v)
-        if v is None:
-            raise BootstrapError(f"value_fn gave None for key {k!r}: a state holds no "
-                                 "null value")
-        if self.kind == "map" and not isinstance(v, dict):
-            raise BootstrapError(f"state '{self.state}' of operator '{self.operator}' is a "
-                                 f"map state: key {k!r} needs a dict, got {type(v).__name__}")
-        if self.kind == "list" and not isinstance(v, list):
-            raise BootstrapError(f"state '{self.state}' of operator '{self.operator}' is a "
-                                 f"list state: key {k!r} needs a list, got {type(v).__name__}")
-        return k, v
+            vals = list(map(self.value_fn, vals))
+            if any(v is None for v in vals):
+                k = keys[[v is None for v in vals].index(True)]
+                raise BootstrapError(f"value_fn gave None for key {k!r}: a state holds no "
+                                     "null value")
+        if self.kind in ("map", "list"):
+            want = dict if self.kind == "map" else list
+            for k, v in zip(keys, vals, strict=True):
+                if not isinstance(v, want):
+                    raise BootstrapError(
+                        f"state '{self.state}' of operator '{self.operator}' is a "
+                        f"{self.kind} state: key {k!r} needs a {want.__name__}, got "
+                        f"{type(v).__name__}")
+        return keys, vals
 
 
 class _RecordInput:
     """One partition of the DataFrame: its rows converted, recorded as given
     (``chk-<n>/bootstrap/<operator>-<state>-<partition>``, keyed-state
-    frames of up to ``CHUNK`` rows) and yielded by key group; last, the
-    file's handle (key group ``_INPUT_MARK``)."""
+    frames of up to ``CHUNK`` rows), and sent on to their subtasks a chunk
+    at a time (``(subtask, (keys, values))``: a shuffle record per chunk and
+    subtask, not per row); last, the file's handle (``_INPUT_MARK``)."""
 
     def __init__(self, target: _Target, convert: _Convert) -> None:
         self.target = target
@@ -475,22 +494,23 @@ class _RecordInput:
 
     def __call__(self, index: int, rows: Iterable[Any]) -> Iterator[tuple[int, Any]]:
         t = self.target
+        p, mp = t.parallelism, t.max_parallelism
+        owner = [subtask_for_key_group(kg, mp, p) for kg in range(mp)]
         frames: list[bytes] = []
         frame_index: dict[str, tuple[int, int]] = {}
         offset = 0
         count = 0
-        chunk: list[tuple[Any, Any]] = []
         it = iter(rows)
         while True:
-            chunk.clear()
-            for row in it:
-                chunk.append(self.convert(row))
-                if len(chunk) == CHUNK:
-                    break
+            chunk = list(itertools.islice(it, CHUNK))
             if not chunk:
                 break
-            keys = [k for k, _ in chunk]
-            vals = [v for _, v in chunk]
+            keys, vals = self.convert(chunk)
+            try:
+                groups = key_groups_of(keys, mp)
+            except UnsupportedKeyError as exc:
+                raise BootstrapError(f"column '{self.convert.key}': {exc} (convert it "
+                                     "with key_fn)") from None
             # Pickled now: what the shuffle does with the objects after
             # cannot change what was recorded.
             body = pickle.dumps((_UNGROUPED, "delta", [(t.state, keys, vals, [])]),
@@ -499,8 +519,18 @@ class _RecordInput:
             frame_index[str(len(frame_index))] = (offset, len(frame))
             offset += len(frame)
             frames.append(frame)
-            count += len(chunk)
-            yield from zip(key_groups_of(keys, t.max_parallelism), chunk, strict=True)
+            count += len(keys)
+            if p == 1:
+                yield 0, (keys, vals)
+                continue
+            by_subtask: list[tuple[list[Any], list[Any]]] = [([], []) for _ in range(p)]
+            for s, k, v in zip(map(owner.__getitem__, groups), keys, vals, strict=True):
+                part = by_subtask[s]
+                part[0].append(k)
+                part[1].append(v)
+            for s, part in enumerate(by_subtask):
+                if part[0]:
+                    yield s, part
         if not count:
             return  # an empty partition records nothing
         rel = f"{checkpoint_dir_name(t.checkpoint_id)}/bootstrap/{t.operator}-{t.state}-{index}"
@@ -511,15 +541,11 @@ class _RecordInput:
 
 
 class _Subtask:
-    """The shuffle's partitioner: a key group's subtask (an input file's
-    handle goes to subtask 0)."""
+    """The shuffle's partitioner: records are keyed by their subtask
+    already (an input file's handle goes to subtask 0)."""
 
-    def __init__(self, max_parallelism: int, parallelism: int) -> None:
-        self.mp = max_parallelism
-        self.p = parallelism
-
-    def __call__(self, kg: int) -> int:
-        return 0 if kg < 0 else subtask_for_key_group(kg, self.mp, self.p)
+    def __call__(self, subtask: int) -> int:
+        return max(subtask, 0)
 
 
 class _WriteSubtask:
@@ -533,30 +559,31 @@ class _WriteSubtask:
                  ) -> Iterator[tuple[str, int, Any, int]]:
         t = self.target
         inputs: list[tuple[int, Any, int]] = []
-        seen: set[Any] = set()
+        keys: list[Any] = []
+        vals: list[Any] = []
+        for s, payload in items:
+            if s == _INPUT_MARK:
+                inputs.append(payload)
+                continue
+            if s != subtask:
+                raise RuntimeError(f"subtask {subtask} was sent the rows of subtask {s}")
+            keys.extend(payload[0])
+            vals.extend(payload[1])
+        entries = dict(zip(keys, vals, strict=True))
+        if len(entries) != len(keys):
+            twice = next(k for k, n in collections.Counter(keys).items() if n > 1)
+            raise BootstrapError(f"key {twice!r} is given twice: a state holds one value "
+                                 "per key (aggregate the DataFrame by key first)")
+        del keys, vals
         groups = key_group_range(subtask, t.max_parallelism, t.parallelism)
-
-        def entries() -> Iterator[tuple[str, Any, Any]]:
-            for kg, payload in items:
-                if kg == _INPUT_MARK:
-                    inputs.append(payload)
-                    continue
-                k, v = payload
-                if k in seen:
-                    raise BootstrapError(f"key {k!r} is given twice: a state holds one value "
-                                         "per key (aggregate the DataFrame by key first)")
-                seen.add(k)
-                assert kg in groups, (kg, groups)
-                yield t.state, k, v
-
-        handle = _snapshot(t, subtask, groups, entries())
-        yield "state", subtask, handle.to_json(), len(seen)
+        handle = _snapshot(t, subtask, groups, entries)
+        yield "state", subtask, handle.to_json(), len(entries)
         for index, body, count in inputs:
             yield "input", index, body, count
 
 
 def _snapshot(t: _Target, subtask: int, groups: range,
-              entries: Iterable[tuple[str, Any, Any]]) -> KeyedStateHandle:
+              entries: dict[Any, Any]) -> KeyedStateHandle:
     local = None
     factory: Any
     if t.backend == "rocksdb":
@@ -570,7 +597,9 @@ def _snapshot(t: _Target, subtask: int, groups: range,
         keyed = factory.create_keyed_backend(t.operator, subtask, groups, t.max_parallelism,
                                              checkpointing=True)
         try:
-            keyed.restore(t.kinds, entries)
+            # Every state the operator declares, the one given filled.
+            keyed.restore(t.kinds, ())
+            keyed.bulk_load(t.state, t.kind, entries)
             # A first snapshot is full; at_end: written here, no fork.
             snap = keyed.snapshot(SnapshotTarget(CheckpointStorage(t.root), t.checkpoint_id,
                                                  t.run_id, subtask, at_end=True))

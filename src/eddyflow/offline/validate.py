@@ -229,7 +229,7 @@ def _validate(spark: Any, chk: str | os.PathLike[str] | CheckpointRef, *,
 
     persisted: list[Any] = []
     try:
-        given = _bootstrapped_state(sc, ref, plan, unreplayed)
+        given = _bootstrapped_state(sc, ref, plan)
         expected, kept = evaluate(sc, plan, sources, initial_state=given, unreplayed=unreplayed,
                                   watermarks=_watermarks(ref), partitions=parts)
         persisted += kept
@@ -347,8 +347,7 @@ def _read_given(item: tuple[str, StateFile, str, str, int]) -> Iterator[tuple[in
             yield kg, (state, kind, key, value)
 
 
-def _bootstrapped_state(sc: Any, ref: CheckpointRef, plan: ExecutionPlan,
-                        unreplayed: dict[str, str]) -> dict[str, Any]:
+def _bootstrapped_state(sc: Any, ref: CheckpointRef, plan: ExecutionPlan) -> dict[str, Any]:
     """The replay's initial state: the rows the history was bootstrapped
     with, by operator uid (see the module docstring)."""
     mp = ref.meta.max_parallelism
@@ -356,8 +355,8 @@ def _bootstrapped_state(sc: Any, ref: CheckpointRef, plan: ExecutionPlan,
     uids = {n.uid for n in plan.graph.nodes}
     for root, b in bootstrap_inputs(ref):
         if b.operator not in uids:
-            unreplayed[b.operator] = (f"operator '{b.operator}' was bootstrapped but is not in "
-                                      "the job")
+            # Its state shows as entries the replay does not have.
+            log.warning("operator '%s' was bootstrapped but is not in the job", b.operator)
             continue
         files.setdefault(b.operator, []).extend((root, f, b.state, b.kind, mp) for f in b.files)
     return {uid: (sc.parallelize(fs, len(fs)).flatMap(_read_given) if fs else sc.emptyRDD())
