@@ -280,3 +280,17 @@ def test_the_metadata_says_where_the_state_came_from(spark: Any, corpus: dict[st
     assert given["origin"] == "DataFrame[word: string, n: bigint]: key 'word', value 'n'"
     paths = {f["path"] for f in raw["files"]}
     assert {f["path"] for f in given["files"]} <= paths
+
+
+def test_an_empty_dataframe_bootstraps_empty_state(spark: Any, corpus: dict[str, Any],
+                                                   wordcount_env: Path) -> None:
+    empty = counts_df(spark, corpus["first"]).where("n < 0")
+    path = bootstrap(spark, empty, job=str(WORDCOUNT), operator="count", key="word",
+                     state="count", value="n", directory=str(wordcount_env / "backfill"),
+                     parallelism=2, backend="rocksdb")
+    (given,) = open_checkpoint(path).meta.bootstrap
+    assert (given.rows, given.files) == (0, ())
+    assert validate(spark, path, job=str(WORDCOUNT)).ok
+    result = restored_run(WORDCOUNT, path, parallelism=2)
+    later = collections.Counter(w for w in corpus["rest"].read_text().split())
+    assert dict(result.state("count")) == dict(later)
