@@ -35,7 +35,12 @@ How it is written:
 The directory must be readable and writable at the same path by the driver
 and every executor (a local folder for ``local[*]``, a shared file system on
 a cluster). The checkpoint takes the next id after any ``chk-<n>`` there and
-never replaces one; the folder is locked while it is written.
+never replaces one; the folder is locked while it is written. Files are
+named by the Spark task attempt that writes them, and what other attempts
+left is removed before the metadata is written; a RocksDB subtask's small
+files (``chk-<n>/<operator>-<subtask>/``) are not, so speculative execution
+(``spark.speculation``, off by default) must stay off for the RocksDB
+format.
 """
 
 from __future__ import annotations
@@ -217,16 +222,15 @@ def _bootstrap(spark: Any, df: Any, *, job: str | os.PathLike[str], operator: st
         try:
             meta = _write(spark, df, target, plan, node.id, positions, key, values, key_fn,
                           value_fn, name, t0, env)
+            # What failed or lost task attempts wrote goes before the
+            # metadata names the files that count.
+            _remove_unreferenced(storage, target, {f.path for f in meta.files})
             asyncio.run(storage.write_metadata(n, meta.to_json()))
         except BaseException:
             # Nothing of a bootstrap that failed stays: its folder and the
             # shared files of its run (named by it).
+            _remove_unreferenced(storage, target, set())
             shutil.rmtree(folder, ignore_errors=True)
-            shared = os.path.join(storage.root, "shared")
-            for f in os.listdir(shared):
-                if f"-{target.run_id}-" in f:
-                    with contextlib.suppress(OSError):
-                        os.unlink(os.path.join(shared, f))
             raise
     finally:
         lock.release()
@@ -235,6 +239,33 @@ def _bootstrap(spark: Any, df: Any, *, job: str | os.PathLike[str], operator: st
              "(%d subtasks, %s backend) in %.1f s", folder, rows, state, operator, p,
              backend_name, time.time() - t0)
     return folder
+
+
+def _remove_unreferenced(storage: CheckpointStorage, target: _Target, keep: set[str]) -> None:
+    """Remove the files of this bootstrap's run that ``keep`` does not name:
+    in ``shared/`` (named by the run) and in its checkpoint's folder."""
+    shared = os.path.join(storage.root, "shared")
+    for f in os.listdir(shared):
+        if f"-{target.run_id}" in f and f"shared/{f}" not in keep:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(shared, f))
+    folder = storage.checkpoint_dir(target.checkpoint_id)
+    for here, _, names in os.walk(folder):
+        for f in names:
+            path = os.path.join(here, f)
+            if os.path.relpath(path, storage.root) not in keep:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+
+
+def _attempt() -> int:
+    """This Spark task's attempt number: files an attempt writes are named
+    by it, so that a retried or speculative attempt never overwrites the
+    file whose checksum another attempt reported."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    return 0 if ctx is None else int(ctx.attemptNumber())
 
 
 def _keyed_node(plan: ExecutionPlan, operator: str, job: str | os.PathLike[str]) -> Any:
@@ -533,7 +564,8 @@ class _RecordInput:
                     yield s, part
         if not count:
             return  # an empty partition records nothing
-        rel = f"{checkpoint_dir_name(t.checkpoint_id)}/bootstrap/{t.operator}-{t.state}-{index}"
+        rel = (f"{checkpoint_dir_name(t.checkpoint_id)}/bootstrap/"
+               f"{t.operator}-{t.state}-{index}-{_attempt()}")
         done = write_durably(os.path.join(t.root, rel), frames)
         handle = FileHandle(rel, int(done["size"]), str(done["sha256"]))
         yield _INPUT_MARK, (index, StateFile(handle, frame_index, True, grouped=False).to_json(),
@@ -602,7 +634,8 @@ def _snapshot(t: _Target, subtask: int, groups: range,
             keyed.bulk_load(t.state, t.kind, entries)
             # A first snapshot is full; at_end: written here, no fork.
             snap = keyed.snapshot(SnapshotTarget(CheckpointStorage(t.root), t.checkpoint_id,
-                                                 t.run_id, subtask, at_end=True))
+                                                 f"{t.run_id}a{_attempt()}", subtask,
+                                                 at_end=True))
             handle: KeyedStateHandle = asyncio.run(snap.write())
         finally:
             keyed.close()
