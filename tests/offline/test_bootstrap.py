@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from conftest import EXAMPLES, env_for
 from tamper import change_one_drop_one, rewrite_state
 
 import eddyflow as ef
+from eddyflow.cli.main import main
 from eddyflow.jobfile import build_environment
 from eddyflow.offline import BootstrapError, bootstrap, open_checkpoint, validate
 from eddyflow.offline.bootstrap import _python
@@ -115,6 +117,7 @@ def test_round_trip_through_the_word_count(spark: Any, corpus: dict[str, Any],
     report = validate(spark, path, job=str(WORDCOUNT))
     assert report.ok, report.first_mismatches()
     assert report.compared == len(corpus["early"])
+    assert report.bootstrapped == {"count/count": (len(corpus["early"]), path)}
 
     result = restored_run(WORDCOUNT, path, parallelism=2,
                           backend=(ef.RocksDBStateBackend(str(tmp / "db"))
@@ -126,6 +129,7 @@ def test_round_trip_through_the_word_count(spark: Any, corpus: dict[str, Any],
     final = validate(spark, str(tmp / "checkpoints"), job=str(WORDCOUNT))
     assert final.ok, final.first_mismatches()
     assert final.compared == len(corpus["whole"])
+    assert final.bootstrapped == report.bootstrapped
     if backend == "memory":
         # Without the checkpoint it started from, the history's input is
         # not all there: the counts bootstrapped show as mismatches.
@@ -160,11 +164,16 @@ def test_restores_at_another_parallelism(spark: Any, corpus: dict[str, Any],
 
 
 def test_a_tampered_bootstrapped_checkpoint_fails_validation(
-        spark: Any, corpus: dict[str, Any], wordcount_env: Path) -> None:
+        spark: Any, corpus: dict[str, Any], wordcount_env: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     path = bootstrap(spark, counts_df(spark, corpus["first"]), job=str(WORDCOUNT),
                      operator="count", key="word", state="count", value="n",
                      directory=str(wordcount_env / "backfill"), parallelism=2)
-    assert validate(spark, path, job=str(WORDCOUNT)).ok
+    monkeypatch.setenv("COLUMNS", "300")
+    ok = CliRunner().invoke(main, ["validate", path, "--job", str(WORDCOUNT)])
+    assert ok.exit_code == 0, ok.output
+    assert (f"replayed from {len(corpus['early']):,} rows bootstrapped into count/count "
+            f"({path})") in ok.output
     changed, dropped = sorted(corpus["early"])[:2]
     # The state files rewritten and the metadata re-signed: it verifies, but
     # no longer holds the rows it was bootstrapped with.

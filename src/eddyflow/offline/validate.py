@@ -93,6 +93,10 @@ class ValidationReport:
     records_replayed: dict[str, int] = field(default_factory=dict)
     #: Rounds each loop took, replay side.
     loop_rounds: list[int] = field(default_factory=list)
+    #: The rows the replay started from, per bootstrapped operator and
+    #: state (``"<operator>/<state>"``), and the checkpoint that recorded
+    #: them: the history's bootstrap (see the module docstring).
+    bootstrapped: dict[str, tuple[int, str]] = field(default_factory=dict)
 
     def first_mismatches(self, n: int = 20) -> list[tuple[Any, ...]]:
         rows = self.mismatches.orderBy("operator", "state", "key").limit(n).collect()
@@ -228,8 +232,9 @@ def _validate(spark: Any, chk: str | os.PathLike[str] | CheckpointRef, *,
             _replay(src, node.uid, node.id, p, positions, counters[node.uid]))
 
     persisted: list[Any] = []
+    inputs = bootstrap_inputs(ref)
     try:
-        given = _bootstrapped_state(sc, ref, plan)
+        given = _bootstrapped_state(sc, ref, plan, inputs)
         expected, kept = evaluate(sc, plan, sources, initial_state=given, unreplayed=unreplayed,
                                   watermarks=_watermarks(ref), partitions=parts)
         persisted += kept
@@ -302,23 +307,25 @@ def _validate(spark: Any, chk: str | os.PathLike[str] | CheckpointRef, *,
         unreplayed=unreplayed_all,
         records_replayed={u: int(c.value) for u, c in counters.items()},
         loop_rounds=[expected.rounds[i] for i in sorted(expected.rounds)],
+        bootstrapped={f"{b.operator}/{b.state}": (b.rows, path) for path, b in inputs},
     )
 
 
 
 def bootstrap_inputs(ref: CheckpointRef) -> list[tuple[str, BootstrapInput]]:
     """The state the history of ``ref`` was bootstrapped with, with the
-    storage root its files are under: ``ref``'s own, or that of the
+    checkpoint folder that recorded it (its files are under that folder's
+    storage root): ``ref``'s own, or that of the
     checkpoint its history was restored from (``base``), and so on back,
     through checkpoints of its lineage. None for a history that started
     from empty state. A base that is gone or does not verify cannot tell:
     logged, and taken as not bootstrapped (its state then shows as
     mismatches, not as a silent pass)."""
     seen: set[tuple[str, int]] = set()
-    meta, root = ref.meta, ref.root
+    meta, path = ref.meta, ref.path
     while True:
         if meta.bootstrap:
-            return [(root, b) for b in meta.bootstrap]
+            return [(path, b) for b in meta.bootstrap]
         if meta.base is None or meta.lineage is None:
             return []
         folder, n = meta.base
@@ -334,7 +341,7 @@ def bootstrap_inputs(ref: CheckpointRef) -> list[tuple[str, BootstrapInput]]:
             return []
         if base.meta.lineage != meta.lineage:
             return []  # another history in that folder now
-        meta, root = base.meta, base.root
+        meta, path = base.meta, base.path
 
 
 def _read_given(item: tuple[str, StateFile, str, str, int]) -> Iterator[tuple[int, Any]]:
@@ -347,13 +354,15 @@ def _read_given(item: tuple[str, StateFile, str, str, int]) -> Iterator[tuple[in
             yield kg, (state, kind, key, value)
 
 
-def _bootstrapped_state(sc: Any, ref: CheckpointRef, plan: ExecutionPlan) -> dict[str, Any]:
+def _bootstrapped_state(sc: Any, ref: CheckpointRef, plan: ExecutionPlan,
+                        inputs: list[tuple[str, BootstrapInput]]) -> dict[str, Any]:
     """The replay's initial state: the rows the history was bootstrapped
-    with, by operator uid (see the module docstring)."""
+    with (``inputs``), by operator uid (see the module docstring)."""
     mp = ref.meta.max_parallelism
     files: dict[str, list[tuple[str, StateFile, str, str, int]]] = {}
     uids = {n.uid for n in plan.graph.nodes}
-    for root, b in bootstrap_inputs(ref):
+    for path, b in inputs:
+        root = os.path.dirname(path)
         if b.operator not in uids:
             # Its state shows as entries the replay does not have.
             log.warning("operator '%s' was bootstrapped but is not in the job", b.operator)
