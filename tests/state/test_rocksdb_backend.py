@@ -189,6 +189,40 @@ def test_incremental_checkpoints_upload_only_new_files(tmp_path: Path) -> None:
     assert got["k5"] == -5 and got["k500"] == 500 and len(got) == 20_000
 
 
+def test_a_database_restored_from_another_storage_is_uploaded_into_its_own(
+        tmp_path: Path) -> None:
+    # Restored as it is (same key groups) from another folder's checkpoint,
+    # the database's SST files live under that folder: the next checkpoint,
+    # in this job's folder, must hold them itself, not name files that its
+    # root does not have (its handles are relative to its root).
+    other = CheckpointStorage(tmp_path / "other")
+    a = make(tmp_path)
+    table = a.declare("count", "value")
+    for i in range(30_000):
+        table[f"k{i}"] = i
+    a.changes("count").add_batch([f"k{i}" for i in range(30_000)])
+    old = snapshot(a, other, 1)
+    a.close()
+    assert any(h.path.endswith(".sst") for _, h in old.db_files)
+    own = CheckpointStorage(tmp_path / "own")
+    b = make(tmp_path)
+    b.restore_from(other.root, old.kinds, [old])
+    table = b.declare("count", "value")
+    table["k1"] = -1
+    b.changes("count").add_batch(["k1"])
+    first = snapshot(b, own, 7)
+    for h in first.file_handles():
+        own.verify_file(h)  # each under this storage's root
+    got = {k: v for _, _, k, v in first.read(own.root)}
+    assert len(got) == 30_000 and got["k1"] == -1 and got["k2"] == 2
+    # After that, its own files are referenced again, not uploaded.
+    table["k2"] = -2
+    b.changes("count").add_batch(["k2"])
+    second = snapshot(b, own, 8)
+    assert {h.path for _, h in first.db_files if h.path.endswith(".sst")} <= {
+        h.path for h in second.file_handles()}
+
+
 def test_full_checkpoints_upload_everything(tmp_path: Path) -> None:
     storage = CheckpointStorage(tmp_path / "chk")
     b = make(tmp_path, incremental=False)
@@ -346,3 +380,25 @@ def test_restore_declares_every_state_the_checkpoint_names(tmp_path: Path, kind:
     new.restore_from(storage.root, {**handle.kinds, "elsewhere": "map"}, [handle])
     assert new.kinds == {"v": "value", "l": "list", "elsewhere": "map"}
     assert len(restored(new)) == 10
+
+
+@pytest.mark.parametrize("kind", ["rocksdb", "memory"])
+def test_bulk_load_of_a_fresh_backend_snapshots_and_restores(tmp_path: Path, kind: str) -> None:
+    storage = CheckpointStorage(tmp_path / "chk")
+    factory: ef.StateBackend = (ef.RocksDBStateBackend(tmp_path / "local") if kind == "rocksdb"
+                                else ef.MemoryStateBackend())
+    b = factory.create_keyed_backend("op", 0, range(MP), MP, checkpointing=True)
+    values = {f"k{i}" if i % 2 else (i, "t"): {"n": i, "seen": [i]} for i in range(5000)}
+    maps = {f"k{i}": {"a": i, ("b", 1): [i]} for i in range(300)}
+    b.restore({"v": "value", "m": "map", "l": "list"}, ())
+    assert b.bulk_load("v", "value", values) == 5000
+    assert b.bulk_load("m", "map", maps) == 300  # (a map's rows: through restore)
+    assert b.kinds == {"v": "value", "m": "map", "l": "list"}
+    # The values are read back as loaded, before and after a snapshot.
+    assert dict(b.tables()["v"].items()) == values
+    handle = snapshot(b, storage, 1)
+    b.close()
+    new = ef.MemoryStateBackend().create_keyed_backend("op", 0, range(MP), MP)
+    new.restore_from(storage.root, handle.kinds, [handle])
+    tables = new.tables()
+    assert tables["v"] == values and tables["m"] == maps and tables["l"] == {}

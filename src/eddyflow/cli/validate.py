@@ -88,6 +88,8 @@ def validate_command(directory: str, job: str, checkpoint_id: int | None, master
     console.print(f"checkpoint {report.checkpoint_id} ({report.checkpoint}): "
                   f"{replayed:,} source records replayed, {report.compared:,} state entries of "
                   f"{', '.join(report.operators) or 'no operator'} compared in {took:.1f} s")
+    for what, (rows, where) in sorted(report.bootstrapped.items()):
+        console.print(f"replayed from {rows:,} rows bootstrapped into {what} ({where})")
     for uid, why in sorted(report.unreplayed.items()):
         console.print(f"[yellow]not replayed:[/yellow] {uid}: {why}")
     if report.mismatch_count:

@@ -4,6 +4,8 @@
 * ``read_metadata``, ``read_positions``, ``read_state``,
   ``read_backedge_log``, ``read_channel_state``: a checkpoint as
   DataFrames, read by the executors.
+* ``bootstrap``: a checkpoint whose keyed state is a DataFrame's rows, for
+  a streaming job to start from.
 * ``validate``: replay a job's input up to a checkpoint and prove its state
   consistent, key by key.
 * ``ship_to_executors``: what each of them does first — eddyflow, the job's
@@ -14,7 +16,9 @@ Spark is imported only when one of these runs, so ``import eddyflow`` never
 starts a JVM.
 """
 
+from eddyflow.offline.bootstrap import bootstrap
 from eddyflow.offline.checkpoint import open_checkpoint
+from eddyflow.offline.errors import BootstrapError
 from eddyflow.offline.readers import (
     read_backedge_log,
     read_channel_state,
@@ -31,9 +35,11 @@ from eddyflow.offline.shipping import ExecutorDependencyMissing, ship_to_executo
 from eddyflow.offline.validate import ValidationReport, validate
 
 __all__ = [
+    "BootstrapError",
     "ExecutorDependencyMissing",
     "ReplayError",
     "ValidationReport",
+    "bootstrap",
     "open_checkpoint",
     "read_backedge_log",
     "read_channel_state",

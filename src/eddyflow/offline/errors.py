@@ -24,7 +24,7 @@ from eddyflow.offline.replay import ReplayError
 from eddyflow.offline.shipping import ExecutorDependencyMissing
 from eddyflow.state.storage import CheckpointCorrupted
 
-__all__ = ["SparkTaskFailed", "original_error", "spark_errors"]
+__all__ = ["BootstrapError", "SparkTaskFailed", "original_error", "spark_errors"]
 
 #: eddyflow's errors raised on executors, by the name a traceback gives
 #: them; each takes its message as its only argument.
@@ -38,6 +38,16 @@ _WRAPPERS = frozenset({"PythonException", "Py4JJavaError", "CapturedException"})
 _TRACEBACK = "Traceback (most recent call last):"
 # The line a traceback ends with: "module.Class: message" (or "Class").
 _RAISED = re.compile(r"(?P<cls>[A-Za-z_][\w.]*)(?:: (?P<msg>.*))?")
+
+
+class BootstrapError(EddyflowError, ValueError):
+    """``bootstrap`` cannot write the checkpoint asked for: an operator,
+    state or column that does not exist, a key given twice, a value the
+    state cannot hold (raised on the driver, or on an executor and raised
+    again as itself by :func:`spark_errors`)."""
+
+
+_OURS["eddyflow.offline.errors.BootstrapError"] = BootstrapError
 
 
 class SparkTaskFailed(EddyflowError):

@@ -97,10 +97,11 @@ def shipped(spark: Any) -> frozenset[str]:
 
 
 def ship_to_executors(spark: Any, job: str | os.PathLike[str] | ModuleType | None = None, *,
-                      checkpoint: Any = None) -> None:
+                      checkpoint: Any = None, rocksdb: bool = False) -> None:
     """Make eddyflow, the modules of ``job`` (a job file's path or its
     loaded module) and, if ``checkpoint`` (a path or ``CheckpointRef``)
-    holds RocksDB state, ``rocksdict`` available to the executors of
+    holds RocksDB state or ``rocksdb`` says the executors will write some
+    (``bootstrap``), ``rocksdict`` available to the executors of
     ``spark`` (a SparkSession or SparkContext). Anything already shipped to
     this SparkContext is not shipped again."""
     sc = getattr(spark, "sparkContext", spark)
@@ -121,8 +122,8 @@ def ship_to_executors(spark: Any, job: str | os.PathLike[str] | ModuleType | Non
                 log.info("shipped the job's modules %s to the executors of %s (%s, %d kB)",
                          ", ".join(jobs.extras), sc.applicationId,
                          os.path.basename(jobs.path), jobs.size // 1024)
-        if (checkpoint is not None and "native:rocksdict" not in done
-                and _uses_rocksdb(checkpoint)):
+        if "native:rocksdict" not in done and (
+                rocksdb or (checkpoint is not None and _uses_rocksdb(checkpoint))):
             native = _native_bundle("rocksdict")
             if native is None:
                 log.warning("cannot ship rocksdict (not installed on the driver): the "

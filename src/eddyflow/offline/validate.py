@@ -6,6 +6,19 @@ the job's operators in batch (``evaluate.py``) and compares the keyed state
 it arrives at — what exactly-once processing of that input prefix must give
 — with the checkpoint's, key by key: nothing lost, nothing counted twice.
 
+A history that started from a *bootstrapped* checkpoint (``bootstrap.py``)
+did not start from empty state: the rows it was bootstrapped with are part
+of its input. They are recorded in that checkpoint as they were given
+(``CheckpointMetadata.bootstrap``), and the replay starts from them: its
+operators' state before the first record is those rows, partitioned here by
+key group, not read from the state files under test. So a bootstrapped
+checkpoint validates when its state files hold exactly the rows given (in
+the right key groups), and a later checkpoint of a job restored from it
+when its state is those rows run forward with the input up to its
+positions. The bootstrapped checkpoint is found by following the
+checkpoint's ``base`` (the checkpoint of another folder its history was
+restored from) through checkpoints of its lineage.
+
 For a loop the checkpoint is more than its operators' state: records that
 were round the loop when it was taken are in its head's back-edge log, and a
 restore feeds them back in. So the snapshot's side of the comparison is the
@@ -24,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import sys
 from collections.abc import Iterable, Iterator
@@ -47,11 +61,16 @@ from eddyflow.offline.replay import replay_split
 from eddyflow.offline.shipping import ship_to_executors
 from eddyflow.runtime.operators import SourceSpec
 from eddyflow.runtime.valve import decode_watermark
+from eddyflow.state.abc import StateFile
+from eddyflow.state.metadata import BootstrapInput
+from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage, checkpoint_dir_name
 from eddyflow.state.ttl import base_kind, has_ttl, unwrap
 
 __all__ = ["ValidationReport", "validate"]
 
 MISMATCH_COLUMNS = ("operator", "state", "key", "expected", "actual")
+
+log = logging.getLogger("eddyflow.offline")
 
 
 @dataclass
@@ -77,6 +96,10 @@ class ValidationReport:
     records_replayed: dict[str, int] = field(default_factory=dict)
     #: Rounds each loop took, replay side.
     loop_rounds: list[int] = field(default_factory=list)
+    #: The rows the replay started from, per bootstrapped operator and
+    #: state (``"<operator>/<state>"``), and the checkpoint that recorded
+    #: them: the history's bootstrap (see the module docstring).
+    bootstrapped: dict[str, tuple[int, str]] = field(default_factory=dict)
 
     def first_mismatches(self, n: int = 20) -> list[tuple[Any, ...]]:
         rows = self.mismatches.orderBy("operator", "state", "key").limit(n).collect()
@@ -182,7 +205,7 @@ def _validate(spark: Any, chk: str | os.PathLike[str] | CheckpointRef, *,
     ref = chk if isinstance(chk, CheckpointRef) else open_checkpoint(chk, checkpoint)
     sc = spark.sparkContext
     env, module = build_environment(job)
-    ship_to_executors(spark, job=module)
+    ship_to_executors(spark, job=module, checkpoint=ref)
     _by_value(module)
     meta_ops = ref.meta.operators
     plan: ExecutionPlan = env.plan()
@@ -213,8 +236,10 @@ def _validate(spark: Any, chk: str | os.PathLike[str] | CheckpointRef, *,
             _replay(src, node.uid, node.id, p, positions, counters[node.uid]))
 
     persisted: list[Any] = []
+    inputs = bootstrap_inputs(ref)
     try:
-        expected, kept = evaluate(sc, plan, sources, unreplayed=unreplayed,
+        given = _bootstrapped_state(sc, ref, plan, inputs)
+        expected, kept = evaluate(sc, plan, sources, initial_state=given, unreplayed=unreplayed,
                                   watermarks=_watermarks(ref), partitions=parts)
         persisted += kept
         keyed_uids = sorted(u for u, op in meta_ops.items()
@@ -286,8 +311,69 @@ def _validate(spark: Any, chk: str | os.PathLike[str] | CheckpointRef, *,
         unreplayed=unreplayed_all,
         records_replayed={u: int(c.value) for u, c in counters.items()},
         loop_rounds=[expected.rounds[i] for i in sorted(expected.rounds)],
+        bootstrapped={f"{b.operator}/{b.state}": (b.rows, path) for path, b in inputs},
     )
 
+
+
+def bootstrap_inputs(ref: CheckpointRef) -> list[tuple[str, BootstrapInput]]:
+    """The state the history of ``ref`` was bootstrapped with, with the
+    checkpoint folder that recorded it (its files are under that folder's
+    storage root): ``ref``'s own, or that of the
+    checkpoint its history was restored from (``base``), and so on back,
+    through checkpoints of its lineage. None for a history that started
+    from empty state. A base that is gone or does not verify cannot tell:
+    logged, and taken as not bootstrapped (its state then shows as
+    mismatches, not as a silent pass)."""
+    seen: set[tuple[str, int]] = set()
+    meta, path = ref.meta, ref.path
+    while True:
+        if meta.bootstrap:
+            return [(path, b) for b in meta.bootstrap]
+        if meta.base is None or meta.lineage is None:
+            return []
+        folder, n = meta.base
+        if (folder, n) in seen:
+            return []
+        seen.add((folder, n))
+        try:
+            base = open_checkpoint(os.path.join(folder, checkpoint_dir_name(n)))
+        except (CheckpointCorrupted, FileNotFoundError) as exc:
+            log.warning("checkpoint %d was restored from %s/chk-%d, which cannot be read (%s): "
+                        "validated as if its history had started from empty state",
+                        ref.id, folder, n, exc)
+            return []
+        if base.meta.lineage != meta.lineage:
+            return []  # another history in that folder now
+        meta, path = base.meta, base.path
+
+
+def _read_given(item: tuple[str, StateFile, str, str, int]) -> Iterator[tuple[int, Any]]:
+    """One bootstrap input file, verified: ``(key_group, (state, kind, key,
+    value))``, the form ``evaluate`` takes initial state in."""
+    root, f, name, kind, mp = item
+    CheckpointStorage(root).verify_file(f.handle)
+    for kg, state, key, value in f.entries(root, max_parallelism=mp, with_groups=True):
+        if state == name:
+            yield kg, (state, kind, key, value)
+
+
+def _bootstrapped_state(sc: Any, ref: CheckpointRef, plan: ExecutionPlan,
+                        inputs: list[tuple[str, BootstrapInput]]) -> dict[str, Any]:
+    """The replay's initial state: the rows the history was bootstrapped
+    with (``inputs``), by operator uid (see the module docstring)."""
+    mp = ref.meta.max_parallelism
+    files: dict[str, list[tuple[str, StateFile, str, str, int]]] = {}
+    uids = {n.uid for n in plan.graph.nodes}
+    for path, b in inputs:
+        root = os.path.dirname(path)
+        if b.operator not in uids:
+            # Its state shows as entries the replay does not have.
+            log.warning("operator '%s' was bootstrapped but is not in the job", b.operator)
+            continue
+        files.setdefault(b.operator, []).extend((root, f, b.state, b.kind, mp) for f in b.files)
+    return {uid: (sc.parallelize(fs, len(fs)).flatMap(_read_given) if fs else sc.emptyRDD())
+            for uid, fs in files.items()}
 
 
 def _in_flight(sc: Any, ref: CheckpointRef, node_ids: dict[str, int],

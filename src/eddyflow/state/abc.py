@@ -380,6 +380,14 @@ class KeyedStateBackend(ABC):
             self.declare(name, kind)
         return apply_entries(self._table, entries)
 
+    def bulk_load(self, name: str, kind: str, entries: Mapping[Any, Any]) -> int:
+        """Load ``entries`` (key -> value as the state stores it) into state
+        ``name`` of kind ``kind`` of a backend that holds none of those keys
+        yet (``offline.bootstrap`` loads each subtask this way before its
+        snapshot); returns how many. Through :meth:`restore` here; backends
+        override it with a faster path."""
+        return self.restore({name: kind}, ((name, k, v) for k, v in entries.items()))
+
     def restore_from(self, root: str, kinds: Mapping[str, str],
                      handles: list[KeyedStateHandle]) -> int:
         """Declare the states ``kinds`` names and load those of this backend's

@@ -22,11 +22,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from eddyflow.state.abc import KeyedStateHandle
+from eddyflow.state.abc import KeyedStateHandle, StateFile
 from eddyflow.state.storage import METADATA, CheckpointCorrupted, CheckpointStorage, FileHandle
 
 __all__ = [
     "BackEdgeLog",
+    "BootstrapInput",
     "ChannelState",
     "CheckpointGraph",
     "CheckpointMetadata",
@@ -222,6 +223,36 @@ class TaskStats:
 
 
 @dataclass(frozen=True)
+class BootstrapInput:
+    """State a checkpoint was *bootstrapped* with, not computed from its
+    sources (``eddyflow.offline.bootstrap``): the rows of one state of one
+    keyed operator, kept as they were given, in keyed-state files (ungrouped,
+    full: ``state/format.py``) beside the operator's own state files. They
+    are the checkpoint's input as much as its sources are: ``validate``
+    starts the replay from them, and a restore never reads them."""
+
+    operator: str
+    state: str
+    kind: str
+    #: Rows given (one per key).
+    rows: int
+    files: tuple[StateFile, ...]
+    #: What they were written from, for people (the DataFrame's columns).
+    origin: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"operator": self.operator, "state": self.state, "kind": self.kind,
+                "rows": self.rows, "files": [f.to_json() for f in self.files],
+                "origin": self.origin}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> BootstrapInput:
+        return BootstrapInput(str(d["operator"]), str(d["state"]), str(d["kind"]),
+                              int(d["rows"]), tuple(StateFile.from_json(f) for f in d["files"]),
+                              str(d.get("origin", "")))
+
+
+@dataclass(frozen=True)
 class CheckpointMetadata:
     """A completed checkpoint: what every operator subtask recorded, every
     file it references (with size and SHA-256), and its statistics. Times are
@@ -261,6 +292,9 @@ class CheckpointMetadata:
     #: The records in flight it holds as channel state, and their bytes.
     channel_state_records: int = 0
     channel_state_size: int = 0
+    #: Written by ``eddyflow.offline.bootstrap``, not by a job: the state it
+    #: was given (empty for a checkpoint a job took).
+    bootstrap: tuple[BootstrapInput, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -283,6 +317,8 @@ class CheckpointMetadata:
             **({} if not self.unaligned else {
                 "unaligned": True, "channel_state_records": self.channel_state_records,
                 "channel_state_size": self.channel_state_size}),
+            **({} if not self.bootstrap else {
+                "bootstrap": [b.to_json() for b in self.bootstrap]}),
         }
 
     @staticmethod
@@ -310,6 +346,7 @@ class CheckpointMetadata:
                 unaligned=bool(d.get("unaligned", False)),
                 channel_state_records=int(d.get("channel_state_records", 0)),
                 channel_state_size=int(d.get("channel_state_size", 0)),
+                bootstrap=tuple(BootstrapInput.from_json(b) for b in d.get("bootstrap", ())),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             # One kind of error, whatever is missing or mistyped, deep down or not.

@@ -10,6 +10,7 @@ changed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from eddyflow.state.abc import (
@@ -45,6 +46,13 @@ class MemoryKeyedStateBackend(KeyedStateBackend):
 
     def tables(self) -> dict[str, dict[Any, Any]]:
         return dict(self._tables)
+
+    def bulk_load(self, name: str, kind: str, entries: Mapping[Any, Any]) -> int:
+        # One dict update, at C speed (restore's apply_entries costs a
+        # Python call per entry: 1.2 s for 500k).
+        self._was_restored()
+        self.declare(name, kind).update(entries)
+        return len(entries)
 
     def snapshot(self, target: SnapshotTarget) -> KeyedSnapshot:
         self._check_open()

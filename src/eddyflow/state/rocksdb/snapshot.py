@@ -52,12 +52,26 @@ class RocksSnapshotStrategy:
         self.incremental = incremental
         #: SST name -> where the last completed checkpoint holds it.
         self.confirmed: dict[str, FileHandle] = {}
+        #: The storage root ``confirmed`` is under when it came from a
+        #: restore (``None``: this backend's own snapshots).
+        self.confirmed_root: str | None = None
         self._pending: dict[int, dict[str, FileHandle]] = {}
+
+    def restored(self, root: str, files: dict[str, FileHandle]) -> None:
+        """The database was restored as it is in checkpoint storage ``root``:
+        its SST files there may be referenced rather than uploaded again."""
+        self.confirmed = files
+        self.confirmed_root = os.path.abspath(root)
 
     def snapshot(self, target: SnapshotTarget) -> KeyedSnapshot:
         backend = self.backend
         flush = backend.begin_snapshot(target.checkpoint_id, target.at_end)
-        base = dict(self.confirmed) if self.incremental else {}
+        # Files restored from another storage (a restore from another
+        # folder's checkpoint, or a bootstrapped one) are not under this
+        # checkpoint's root: its handles are relative to it, so they are
+        # uploaded again, once.
+        same = self.confirmed_root is None or self.confirmed_root == os.path.abspath(target.root)
+        base = dict(self.confirmed) if self.incremental and same else {}
         return _RocksSnapshot(self, target, flush, base, backend.kinds, backend.estimate_keys())
 
     def record(self, checkpoint_id: int, files: dict[str, FileHandle]) -> None:
@@ -68,6 +82,7 @@ class RocksSnapshotStrategy:
         if files is None:
             return
         self.confirmed = files
+        self.confirmed_root = None
         self._pending = {n: f for n, f in self._pending.items() if n > checkpoint_id}
 
     def abort(self, checkpoint_id: int) -> None:
