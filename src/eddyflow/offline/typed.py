@@ -273,4 +273,6 @@ def frame(spark: Any, rows: Any, columns: Sequence[Column], *, as_text: bool = F
         for i, c in enumerate(columns)])
     convert = tuple(converter(t) for t in types)
     return spark.createDataFrame(
-        rows.map(functools.partial(_convert_row, positions, convert)), schema)
+        rows.map(functools.partial(_convert_row, positions, convert)), schema,
+        # The conversion gives each column its type: no need to check every row.
+        verifySchema=False)
