@@ -270,3 +270,15 @@ def test_with_1_percent_of_100k_keys_changed_only_the_changed_files_are_read(
 def test_with_1_percent_of_1m_keys_changed_only_the_changed_files_are_read(
         spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     only_changed_files_are_read(spark, tmp_path, monkeypatch, 1_000_000)
+
+
+def test_key_groups_left_uncovered() -> None:
+    """The key groups of a start subtask that no end subtask holds (its
+    operator's state gone) are diffed against nothing: all deleted."""
+    from eddyflow.offline.changes import _minus
+
+    assert _minus(range(0, 64), [range(0, 32), range(32, 64)]) == []
+    assert _minus(range(0, 64), []) == [range(0, 64)]
+    assert _minus(range(10, 50), [range(0, 20), range(30, 40)]) == [range(20, 30),
+                                                                    range(40, 50)]
+    assert _minus(range(10, 20), [range(20, 30)]) == [range(10, 20)]
