@@ -58,6 +58,7 @@ from eddyflow.offline.checkpoint import (
     open_checkpoint,
     read_keyed_file,
 )
+from eddyflow.state.abc import StateFile
 from eddyflow.state.format import DELETED
 from eddyflow.state.storage import CheckpointStorage, FileHandle
 from eddyflow.state.ttl import ABSENT, has_ttl, unwrap
@@ -78,7 +79,7 @@ class DeltaUnit:
 
     operator: str
     end: KeyedFile
-    files: tuple[Any, ...]  # StateFile
+    files: tuple[StateFile, ...]
     start: KeyedFile | None = None
 
     @property
@@ -167,8 +168,9 @@ def _same_state(a: KeyedFile, b: KeyedFile) -> bool:
     return [f.handle for f in a.files] == [f.handle for f in b.files]
 
 
-def _extension(a: KeyedFile, b: KeyedFile) -> tuple[Any, ...] | None:
-    """The files ``b``'s chain adds to ``a``'s, if it extends it."""
+def _extension(a: KeyedFile, b: KeyedFile) -> tuple[StateFile, ...] | None:
+    """The files ``b``'s chain adds to ``a``'s, if it extends it (``a``
+    empty: all of ``b``'s, a full file too — every entry is new)."""
     assert a.handle is not None and b.handle is not None
     if a.handle.backend != "memory" or b.handle.backend != "memory":
         return None
