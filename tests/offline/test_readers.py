@@ -57,7 +57,13 @@ def test_backedge_log_rows_are_the_logged_records(
     df = read_backedge_log(spark, logged[0].path)
     assert df.count() == backedge_records(logged[0])
     assert {r["operator"] for r in df.collect()} <= set(logged[0].operators)
-    assert all(r["record"].startswith("('label'") for r in df.collect())
+    # Records ("label", vertex, label) are a struct column; as text, their repr.
+    assert all(r["record"]["_1"] == "label" and isinstance(r["record"]["_2"], int)
+               for r in df.collect())
+    text = read_backedge_log(spark, logged[0].path, as_text=True).collect()
+    assert all(r["record"].startswith("('label'") for r in text)
+    assert sorted(r["record"] for r in text) == sorted(
+        repr(tuple(r["record"])) for r in df.collect())
 
 
 def test_a_damaged_state_file_is_refused_naming_it(

@@ -48,8 +48,9 @@ def test_altered_channel_state_fails_naming_the_keys(spark: Any, tmp_path: Path)
     assert held, "no checkpoint held records in flight"
     info = held[0]
     rows = read_channel_state(spark, info.path).collect()
-    victim = rows[0]["record"]  # the text of one record in flight: ('sensor-..', ...)
-    sensor = victim.split("'")[1]
+    sensor = rows[0]["record"]["_1"]  # a record in flight: ("sensor-..", n), a struct
+    assert read_channel_state(spark, info.path, as_text=True).collect()[0]["record"] == repr(
+        tuple(rows[0]["record"]))
 
     def drop_victims(records: list[Any]) -> list[Any]:
         return [r for r in records if r[0] != sensor]

@@ -6,6 +6,9 @@
   DataFrames, read by the executors.
 * ``bootstrap``: a checkpoint whose keyed state is a DataFrame's rows, for
   a streaming job to start from.
+* ``read_changes``: the keyed-state changes between two checkpoints, read
+  from the delta files where the chain allows, by a distributed diff
+  otherwise (``plan_changes``: what it reads).
 * ``validate``: replay a job's input up to a checkpoint and prove its state
   consistent, key by key.
 * ``ship_to_executors``: what each of them does first — eddyflow, the job's
@@ -17,6 +20,7 @@ starts a JVM.
 """
 
 from eddyflow.offline.bootstrap import bootstrap
+from eddyflow.offline.changes import ChangesPlan, plan_changes, read_changes
 from eddyflow.offline.checkpoint import open_checkpoint
 from eddyflow.offline.errors import BootstrapError
 from eddyflow.offline.readers import (
@@ -36,12 +40,15 @@ from eddyflow.offline.validate import ValidationReport, validate
 
 __all__ = [
     "BootstrapError",
+    "ChangesPlan",
     "ExecutorDependencyMissing",
     "ReplayError",
     "ValidationReport",
     "bootstrap",
     "open_checkpoint",
+    "plan_changes",
     "read_backedge_log",
+    "read_changes",
     "read_channel_state",
     "read_metadata",
     "read_positions",

@@ -107,21 +107,26 @@ def keyed_files(ref: CheckpointRef, operator: str | None = None) -> list[KeyedFi
     return out
 
 
-def read_keyed_file(kf: KeyedFile) -> Iterator[tuple[int, str, Any, Any]]:
-    """``(key_group, state, key, value)`` of one subtask's keyed state: each
-    of its files verified, the deltas applied over the full snapshot."""
+def read_keyed_file(kf: KeyedFile, key_groups: range | None = None
+                    ) -> Iterator[tuple[int, str, Any, Any]]:
+    """``(key_group, state, key, value)`` of one subtask's keyed state (of
+    ``key_groups`` only, if given): each of its files verified, the deltas
+    applied over the full snapshot."""
     if kf.handle is not None and kf.handle.backend == "rocksdb":
         # Its files are copied into a local folder of this executor,
         # verified as they are copied, and opened read-only. rocksdict is
         # compiled: installed on this executor, or shipped by the driver.
         import_on_executor("rocksdict")
-        yield from kf.handle.read(kf.root, max_parallelism=kf.max_parallelism)
+        yield from kf.handle.read(kf.root, key_groups=key_groups,
+                                  max_parallelism=kf.max_parallelism)
         return
     storage = CheckpointStorage(kf.root)
     state: dict[str, dict[Any, tuple[int, Any]]] = {}
+    owner = kf.handle.key_groups if kf.handle is not None and len(kf.handle.key_groups) else None
     for f in kf.files:
         storage.verify_file(f.handle)
-        for kg, name, key, value in f.entries(kf.root, max_parallelism=kf.max_parallelism,
+        for kg, name, key, value in f.entries(kf.root, key_groups=key_groups, owner=owner,
+                                              max_parallelism=kf.max_parallelism,
                                               with_groups=True):
             table = state.setdefault(name, {})
             if value is DELETED:

@@ -7,9 +7,12 @@ key groups, on its executor. The checkpoint folder must therefore be
 readable at the same path from every executor (a local folder for
 ``local[*]``, a shared file system on a cluster).
 
-Keys and values are arbitrary Python objects; the DataFrames show them as
-text — a ``str`` as itself, anything else as its ``repr`` — so that they are
-one column type whatever a job keeps. ``state_rdd`` gives the objects.
+Keys, values and records are arbitrary Python objects; the DataFrames give
+them typed columns where they are simple (long, double, string, boolean,
+binary, and structs, arrays and maps of those), inferred from every object
+of the column, and text otherwise — a ``str`` as itself, anything else as
+its ``repr`` (``offline/typed.py``). ``as_text=True`` gives the text view of
+every such column. ``state_rdd`` gives the objects.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from eddyflow.offline.checkpoint import (
     read_verified_channel_state,
 )
 from eddyflow.offline.shipping import ship_to_executors
+from eddyflow.offline.typed import Column, frame, text_of
 from eddyflow.runtime.channel_state import split_channel_key
 from eddyflow.runtime.timers import TIMERS_STATE
 from eddyflow.runtime.windows import WINDOW_STATE
@@ -44,10 +48,8 @@ CheckpointLike = str | os.PathLike[str] | CheckpointRef
 
 
 def as_text(x: Any) -> str | None:
-    """How a key or value shows in a DataFrame column."""
-    if x is None:
-        return None
-    return x if isinstance(x, str) else repr(x)
+    """How a key or value shows in a text column (``as_text=True``)."""
+    return text_of(x)
 
 
 def _ref(chk: CheckpointLike) -> CheckpointRef:
@@ -144,83 +146,91 @@ def state_rdd(sc: Any, chk: CheckpointLike, operator: str | None = None, *,
     return sc.parallelize(files, len(files)).flatMap(_read_file if raw else _read_user_file)
 
 
-def read_state(spark: Any, chk: CheckpointLike, operator: str | None = None) -> Any:
+def _state_row(t: tuple[int, tuple[Any, ...]]) -> tuple[Any, ...]:
+    kg, (operator, subtask, name, _, key, value) = t
+    return operator, subtask, kg, key, name, value
+
+
+def read_state(spark: Any, chk: CheckpointLike, operator: str | None = None, *,
+               as_text: bool = False) -> Any:
     """Keyed state: ``operator, subtask, key_group, key, state, value``
     (the values of a state with a time-to-live without their write times:
-    see :func:`state_rdd`). A window operator's windows are its map state
-    ``_windows`` and every operator's timers its map state ``_timers`` (one
-    row per key here; :func:`read_windows` and :func:`read_timers` give one
-    per window and per timer)."""
+    see :func:`state_rdd`); ``key`` and ``value`` typed where they are
+    simple, else text (``as_text=True``: text). A window operator's windows
+    are its map state ``_windows`` and every operator's timers its map state
+    ``_timers`` (one row per key here; :func:`read_windows` and
+    :func:`read_timers` give one per window and per timer): read together
+    with other states they make the value column text; name the
+    ``operator`` whose values you want typed."""
     ship_to_executors(spark)
     from pyspark.sql import types as T
 
-    rows = state_rdd(spark.sparkContext, chk, operator).map(
-        lambda t: (t[1][0], t[1][1], t[0], as_text(t[1][4]), t[1][2], as_text(t[1][5])))
-    schema = T.StructType([
-        T.StructField("operator", T.StringType(), False),
-        T.StructField("subtask", T.IntegerType(), False),
-        T.StructField("key_group", T.IntegerType(), False),
-        T.StructField("key", T.StringType(), True),
-        T.StructField("state", T.StringType(), False),
-        T.StructField("value", T.StringType(), True),
-    ])
-    return spark.createDataFrame(rows, schema)
+    rows = state_rdd(spark.sparkContext, chk, operator).map(_state_row)
+    return frame(spark, rows, [
+        Column("operator", T.StringType(), False),
+        Column("subtask", T.IntegerType(), False),
+        Column("key_group", T.IntegerType(), False),
+        Column("key"),
+        Column("state", T.StringType(), False),
+        Column("value"),
+    ], as_text=as_text)
 
 
 def _window_rows(t: tuple[int, tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
     kg, (operator, subtask, name, kind, key, value) = t
     if name == WINDOW_STATE and kind == "map" and isinstance(value, dict):
         for (start, end), acc in sorted(value.items()):
-            yield (operator, subtask, kg, as_text(key), float(start), float(end), name,
-                   as_text(acc))
+            yield (operator, subtask, kg, key, float(start), float(end), name, acc)
 
 
-def read_windows(spark: Any, chk: CheckpointLike, operator: str | None = None) -> Any:
+def read_windows(spark: Any, chk: CheckpointLike, operator: str | None = None, *,
+                 as_text: bool = False) -> Any:
     """The open windows of window operators, one row per (key, window):
     ``operator, subtask, key_group, key, window_start, window_end, state,
     value`` (``value``: the window's accumulator — the running reduce,
-    sum, count or aggregate, or the elements for ``process``)."""
+    sum, count or aggregate, or the elements for ``process``); ``key`` and
+    ``value`` typed where they are simple (``as_text=True``: text)."""
     ship_to_executors(spark)
     from pyspark.sql import types as T
 
     rows = state_rdd(spark.sparkContext, chk, operator).flatMap(_window_rows)
-    schema = T.StructType([
-        T.StructField("operator", T.StringType(), False),
-        T.StructField("subtask", T.IntegerType(), False),
-        T.StructField("key_group", T.IntegerType(), False),
-        T.StructField("key", T.StringType(), True),
-        T.StructField("window_start", T.DoubleType(), False),
-        T.StructField("window_end", T.DoubleType(), False),
-        T.StructField("state", T.StringType(), False),
-        T.StructField("value", T.StringType(), True),
-    ])
-    return spark.createDataFrame(rows, schema)
+    return frame(spark, rows, [
+        Column("operator", T.StringType(), False),
+        Column("subtask", T.IntegerType(), False),
+        Column("key_group", T.IntegerType(), False),
+        Column("key"),
+        Column("window_start", T.DoubleType(), False),
+        Column("window_end", T.DoubleType(), False),
+        Column("state", T.StringType(), False),
+        Column("value"),
+    ], as_text=as_text)
 
 
 def _timer_rows(t: tuple[int, tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
     kg, (operator, subtask, name, kind, key, value) = t
     if name == TIMERS_STATE and kind == "map" and isinstance(value, dict):
         for domain, at in sorted(value):
-            yield operator, subtask, kg, as_text(key), domain, float(at)
+            yield operator, subtask, kg, key, domain, float(at)
 
 
-def read_timers(spark: Any, chk: CheckpointLike, operator: str | None = None) -> Any:
+def read_timers(spark: Any, chk: CheckpointLike, operator: str | None = None, *,
+                as_text: bool = False) -> Any:
     """Registered timers (of process functions and window operators), one
     row each: ``operator, subtask, key_group, key, domain, timestamp``
-    (``domain``: ``event`` or ``processing``)."""
+    (``domain``: ``event`` or ``processing``); ``key`` typed where the keys
+    are simple (``as_text=True``: text)."""
     ship_to_executors(spark)
     from pyspark.sql import types as T
 
     rows = state_rdd(spark.sparkContext, chk, operator).flatMap(_timer_rows)
-    schema = T.StructType([
-        T.StructField("operator", T.StringType(), False),
-        T.StructField("subtask", T.IntegerType(), False),
-        T.StructField("key_group", T.IntegerType(), False),
-        T.StructField("key", T.StringType(), True),
-        T.StructField("domain", T.StringType(), False),
-        T.StructField("timestamp", T.DoubleType(), False),
-    ])
-    return spark.createDataFrame(rows, schema)
+    return frame(spark, rows, [
+        Column("operator", T.StringType(), False),
+        Column("subtask", T.IntegerType(), False),
+        Column("key_group", T.IntegerType(), False),
+        Column("key"),
+        Column("domain", T.StringType(), False),
+        Column("timestamp", T.DoubleType(), False),
+    ], as_text=as_text)
 
 
 def _backedge_parts(ref: CheckpointRef, operator: str | None
@@ -254,22 +264,20 @@ def backedge_rdd(sc: Any, chk: CheckpointLike, operator: str | None = None) -> A
     return sc.parallelize(parts, len(parts)).flatMap(_read_log)
 
 
-def read_backedge_log(spark: Any, chk: CheckpointLike) -> Any:
+def read_backedge_log(spark: Any, chk: CheckpointLike, *, as_text: bool = False) -> Any:
     """The records a checkpoint holds on loop back-edges: ``operator,
-    subtask, channel, seq, record``."""
+    subtask, channel, seq, record``; ``record`` typed where the records are
+    simple (``as_text=True``: text)."""
     ship_to_executors(spark)
     from pyspark.sql import types as T
 
-    rows = backedge_rdd(spark.sparkContext, chk).map(
-        lambda t: (t[0], t[1], t[2], t[3], as_text(t[4])))
-    schema = T.StructType([
-        T.StructField("operator", T.StringType(), False),
-        T.StructField("subtask", T.IntegerType(), False),
-        T.StructField("channel", T.IntegerType(), False),
-        T.StructField("seq", T.LongType(), False),
-        T.StructField("record", T.StringType(), True),
-    ])
-    return spark.createDataFrame(rows, schema)
+    return frame(spark, backedge_rdd(spark.sparkContext, chk), [
+        Column("operator", T.StringType(), False),
+        Column("subtask", T.IntegerType(), False),
+        Column("channel", T.IntegerType(), False),
+        Column("seq", T.LongType(), False),
+        Column("record"),
+    ], as_text=as_text)
 
 
 
@@ -332,22 +340,20 @@ def channel_state_rdd(sc: Any, chk: CheckpointLike,
     return sc.parallelize(parts, len(parts)).flatMap(_read_channel_state)
 
 
-def read_channel_state(spark: Any, chk: CheckpointLike) -> Any:
+def read_channel_state(spark: Any, chk: CheckpointLike, *, as_text: bool = False) -> Any:
     """The records a checkpoint holds in flight on its channels (an
     unaligned checkpoint's channel state): ``exchange, upstream,
-    downstream, side, seq, record, timestamp``."""
+    downstream, side, seq, record, timestamp``; ``record`` typed where the
+    records are simple (``as_text=True``: text)."""
     ship_to_executors(spark)
     from pyspark.sql import types as T
 
-    rows = channel_state_rdd(spark.sparkContext, chk).map(
-        lambda t: (t[0], t[1], t[2], t[3], t[4], as_text(t[5]), t[6]))
-    schema = T.StructType([
-        T.StructField("exchange", T.StringType(), False),
-        T.StructField("upstream", T.IntegerType(), False),
-        T.StructField("downstream", T.IntegerType(), False),
-        T.StructField("side", T.StringType(), False),
-        T.StructField("seq", T.LongType(), False),
-        T.StructField("record", T.StringType(), True),
-        T.StructField("timestamp", T.DoubleType(), True),
-    ])
-    return spark.createDataFrame(rows, schema)
+    return frame(spark, channel_state_rdd(spark.sparkContext, chk), [
+        Column("exchange", T.StringType(), False),
+        Column("upstream", T.IntegerType(), False),
+        Column("downstream", T.IntegerType(), False),
+        Column("side", T.StringType(), False),
+        Column("seq", T.LongType(), False),
+        Column("record"),
+        Column("timestamp", T.DoubleType(), True),
+    ], as_text=as_text)
