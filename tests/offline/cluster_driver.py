@@ -4,7 +4,10 @@ its own ``SparkSession.builder.master(...).getOrCreate()``, no
 it. Run in a child process (one SparkContext per process, and its
 environment is the test's to choose); prints what it saw as JSON.
 
-    python cluster_driver.py SPEC.json   (SPEC: master, conf, src, paths)
+    python cluster_driver.py SPEC.json   (SPEC: master, conf, src, paths; optional:
+                                          changes, pairs of checkpoints for
+                                          read_changes; bootstrap, a text and
+                                          the folders to bootstrap into)
 """
 
 from __future__ import annotations
@@ -36,6 +39,52 @@ class Collect(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.messages.append(record.getMessage())
+
+
+def _text(x: Any) -> str:
+    """A typed column's value as text, whatever type the reader chose."""
+    return str(x.asDict(recursive=True) if hasattr(x, "asDict") else x)
+
+
+def changes(spark: Any, pair: dict[str, Any]) -> dict[str, Any]:
+    """``read_changes`` between two checkpoints (as given and ``exact``),
+    and ``read_state`` of both, all as text rows."""
+    from eddyflow.offline import read_changes, read_state
+
+    d, a, b = pair["dir"], pair["start"], pair["end"]
+    out: dict[str, Any] = {}
+    for exact in (False, True):
+        rows = read_changes(spark, d, start=a, end=b, exact=exact).collect()
+        out[f"exact={exact}"] = sorted(
+            [r["checkpoint"], r["change"], r["operator"], r["key_group"], _text(r["key"]),
+             r["state"], _text(r["value"])] for r in rows)
+    for name, n in (("start", a), ("end", b)):
+        rows = read_state(spark, os.path.join(d, f"chk-{n}")).collect()
+        out[name] = sorted([r["operator"], r["state"], _text(r["key"]), _text(r["value"])]
+                           for r in rows)
+    return out
+
+
+def bootstrapped(spark: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    """Word counts of a text by a Spark batch job, bootstrapped into the
+    word count's ``count`` operator in each backend's format; each
+    checkpoint validated."""
+    from pyspark.sql import functions as F
+
+    from eddyflow.offline import bootstrap, validate
+
+    words = spark.read.text(spec["text"]).select(
+        F.explode(F.split("value", " ")).alias("word"))
+    counts = words.where(F.col("word") != "").groupBy("word").agg(F.count("*").alias("n"))
+    out: dict[str, Any] = {}
+    for backend, directory in spec["dirs"].items():
+        path = bootstrap(spark, counts, job=spec["job"], operator="count", key="word",
+                         state="count", value="n", directory=directory, parallelism=2,
+                         backend=backend)
+        report = validate(spark, path, job=spec["job"])
+        out[backend] = {"path": path, "ok": report.ok, "compared": report.compared,
+                        "mismatches": report.mismatch_count}
+    return out
 
 
 def main(spec_path: str) -> None:
@@ -89,6 +138,10 @@ def main(spec_path: str) -> None:
                                           for r in rocks.collect())
         out["shipped"] = sorted(shipped(spark))
         out["logs"] = list(collect.messages)
+        for name, pair in spec.get("changes", {}).items():
+            out[f"changes_{name}"] = changes(spark, pair)
+        if spec.get("bootstrap"):
+            out["bootstrap"] = bootstrapped(spark, spec["bootstrap"])
 
         try:
             with spark_errors():

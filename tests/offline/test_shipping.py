@@ -4,16 +4,19 @@ On the standalone cluster (``standalone`` fixture: executors run a bare
 Python, with no eddyflow, no anyio, no pyspark installed) and on
 ``local[2]`` with the same bare Python, a driver program builds its own
 ``SparkSession`` (no ``PYSPARK_PYTHON``) and reads, validates and reads a
-RocksDB checkpoint: the same results on both, equal to what the job
-computed. The driver runs in a child process (``cluster_driver.py``): one
-SparkContext per process, and its environment is the test's to set. Then,
-without a cluster: what is shipped, once, and the errors that name a
-module an executor lacks."""
+RocksDB checkpoint, reads the changes between two checkpoints and
+bootstraps a word count's state from a DataFrame: the same results on
+both, equal to what the jobs computed. The driver runs in a child
+process (``cluster_driver.py``): one SparkContext per process, and its
+environment is the test's to set. Then, without a cluster: what is
+shipped, once, and the errors that name a module an executor lacks."""
 
 from __future__ import annotations
 
+import collections
 import json
 import os
+import random
 import subprocess
 import sys
 import zipfile
@@ -41,6 +44,7 @@ HERE = Path(__file__).parent
 DRIVER = HERE / "cluster_driver.py"
 WORDCOUNT = EXAMPLES / "wordcount.py"
 PACKAGED = HERE / "jobs" / "packaged_wordcount.py"
+PHASED = HERE / "jobs" / "phased_state.py"
 SRC = str(Path(ef.__file__).resolve().parents[1])
 
 
@@ -83,25 +87,79 @@ def drive(tmp: Path, name: str, spec: dict[str, Any], env: dict[str, str]) -> di
 
 
 @pytest.fixture(scope="module")
-def runs(standalone: Any, checkpoints: dict[str, Any],
-         tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[str, Any]]]:
+def phased(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """jobs/phased_state.py on each backend: its checkpoint directory, the
+    last checkpoint at the end of phase one and the final one (changes,
+    deletions, rewrites and short-lived keys between them; the memory
+    backend's pair is read from its delta files, RocksDB's diffed)."""
+    out: dict[str, dict[str, Any]] = {}
+    keys = 2_000
+    for backend in ("memory", "rocksdb"):
+        tmp = tmp_path_factory.mktemp(f"phased-{backend}")
+        chk = tmp / "chk"
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in {"PHASED_KEYS": str(keys), "PHASED_CHANGED": "50",
+                         "PHASED_CHECKPOINTS": str(chk), "PHASED_BACKEND": backend,
+                         "PHASED_ROCKSDB": str(tmp / "rocks")}.items():
+                mp.setenv(k, v)
+            env, _ = build_environment(PHASED, parallelism=2)
+            if backend == "rocksdb":
+                env.set_state_backend(ef.RocksDBStateBackend(tmp / "rocks"))
+            env.enable_checkpointing(interval=0.05, directory=chk, retained=1000)
+            env.execute("phased")
+        infos = ef.list_checkpoints(chk)
+        at_gate = [i.id for i in infos if any(
+            p.is_source and p.position == keys
+            for op in i.meta.operators.values() for p in op.subtasks.values())]
+        assert at_gate and infos[-1].final
+        out[backend] = {"dir": str(chk), "start": at_gate[-1], "end": infos[-1].id}
+    return out
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A text in two parts, for a bootstrap from the first and a streaming
+    word count over the rest, and the word count of all of it."""
+    rng = random.Random(16)
+    vocabulary = ["".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 5)))
+                  for _ in range(300)]
+    lines = [" ".join(rng.choice(vocabulary) for _ in range(rng.randint(1, 10)))
+             for _ in range(1200)]
+    folder = tmp_path_factory.mktemp("corpus")
+    (folder / "first.txt").write_text("\n".join(lines[:700]) + "\n")
+    (folder / "rest.txt").write_text("\n".join(lines[700:]) + "\n")
+    return {"first": str(folder / "first.txt"), "rest": str(folder / "rest.txt"),
+            "whole": dict(collections.Counter(w for line in lines for w in line.split())),
+            "early": len({w for line in lines[:700] for w in line.split()})}
+
+
+@pytest.fixture(scope="module")
+def runs(standalone: Any, checkpoints: dict[str, Any], phased: dict[str, dict[str, Any]],
+         corpus: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+         ) -> Iterator[dict[str, dict[str, Any]]]:
     """The driver program on ``local[2]`` and on the cluster."""
     tmp = tmp_path_factory.mktemp("drivers")
     common = {"src": SRC, "memory": checkpoints["memory"], "rocksdb": checkpoints["rocksdb"],
-              "job": str(WORDCOUNT), "packaged_job": str(PACKAGED)}
+              "job": str(WORDCOUNT), "packaged_job": str(PACKAGED), "changes": phased}
+
+    def backfill(where: str) -> dict[str, Any]:
+        return {"text": corpus["first"], "job": str(WORDCOUNT),
+                "dirs": {b: str(tmp / f"backfill-{where}-{b}") for b in ("memory", "rocksdb")}}
     quiet = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"}
     # local[2]: executors are the driver's children and inherit its
     # environment, PYTHONPATH included; so eddyflow is put on the driver's
     # sys.path by the driver itself, and the bare Python is first on PATH
     # (what "python3" runs when PYSPARK_PYTHON is not set).
-    local = drive(tmp, "local", {**common, "master": "local[2]", "conf": quiet},
+    local = drive(tmp, "local", {**common, "master": "local[2]", "conf": quiet,
+                                 "bootstrap": backfill("local")},
                   _scrubbed_env(PATH=f"{standalone.python_bin}{os.pathsep}"
                                      f"{os.environ.get('PATH', '')}"))
     # The cluster: the driver has eddyflow on its PYTHONPATH, as a user's
     # shell might; executors must not get it from there.
     cluster = drive(tmp, "cluster",
                     {**common, "master": standalone.master_url,
-                     "conf": {**quiet, **standalone.session_conf()}},
+                     "conf": {**quiet, **standalone.session_conf()},
+                     "bootstrap": backfill("cluster")},
                     standalone.driver_env(_scrubbed_env(PYTHONPATH=SRC)))
     yield {"local": local, "cluster": cluster}
 
@@ -139,6 +197,58 @@ def test_readers_and_validate_on_the_cluster_as_on_local(runs: dict[str, dict[st
         report = cluster[name]
         assert report["ok"] and report["mismatches"] == 0 and not report["unreplayed"], name
         assert report["compared"] == len(counts)
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+def test_read_changes_on_the_cluster_as_on_local(runs: dict[str, dict[str, Any]],
+                                                 backend: str) -> None:
+    """The rows of read_changes, read by executors without eddyflow, are
+    those of local[2], and the difference of the two read_state results
+    computed here (exact), or give the end's state when applied to the
+    start's (as read from the delta files)."""
+    local, cluster = runs["local"][f"changes_{backend}"], runs["cluster"][f"changes_{backend}"]
+    assert cluster == local
+    start = {(op, st, k): v for op, st, k, v in cluster["start"]}
+    end = {(op, st, k): v for op, st, k, v in cluster["end"]}
+    want = {k: ("upsert", v) for k, v in end.items() if start.get(k) != v}
+    want.update({k: ("delete", None) for k in start if k not in end})
+    assert len(want) == 100  # 50 changed, 50 cleared (jobs/phased_state.py)
+
+    def as_changes(rows: list[list[Any]]) -> dict[tuple[str, str, str], tuple[str, Any]]:
+        return {(op, st, k): (change, None if change == "delete" else v)
+                for _, change, op, _, k, st, v in rows}
+
+    assert as_changes(cluster["exact=True"]) == want
+    applied = dict(start)
+    for k, (change, v) in as_changes(cluster["exact=False"]).items():
+        if change == "upsert":
+            applied[k] = v
+        else:
+            applied.pop(k, None)
+    assert applied == end
+
+
+@pytest.mark.cluster
+def test_bootstrap_on_the_cluster_as_on_local(runs: dict[str, dict[str, Any]],
+                                              corpus: dict[str, Any], tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counts of the first part of a text, computed by Spark and
+    bootstrapped by executors without eddyflow, validate; the streaming
+    word count restored from them over the rest of the text ends with the
+    word count of the whole text, as from local[2]'s."""
+    monkeypatch.setenv("WORDCOUNT_INPUT", corpus["rest"])
+    monkeypatch.setenv("WORDCOUNT_OUTPUT", str(tmp_path / "out"))
+    for where in ("local", "cluster"):
+        for backend, made in runs[where]["bootstrap"].items():
+            assert made["ok"] and made["mismatches"] == 0, (where, backend, made)
+            assert made["compared"] == corpus["early"], (where, backend)
+            monkeypatch.setenv("WORDCOUNT_CHECKPOINTS", str(tmp_path / where / backend))
+            env, _ = build_environment(WORDCOUNT, parallelism=2)
+            if backend == "rocksdb":
+                env.set_state_backend(ef.RocksDBStateBackend(tmp_path / f"db-{where}"))
+            result = env.execute("wordcount", restore=made["path"])
+            assert dict(result.state("count")) == corpus["whole"], (where, backend)
 
 
 @pytest.mark.cluster
