@@ -73,6 +73,9 @@ def bootstrapped(spark: Any, spec: dict[str, Any]) -> dict[str, Any]:
 
     from eddyflow.offline import bootstrap, validate
 
+    # The job as it will run: its sources' positions at the start are
+    # positions in the input it will read.
+    os.environ.update(spec.get("env", {}))
     words = spark.read.text(spec["text"]).select(
         F.explode(F.split("value", " ")).alias("word"))
     counts = words.where(F.col("word") != "").groupBy("word").agg(F.count("*").alias("n"))

@@ -144,6 +144,7 @@ def runs(standalone: Any, checkpoints: dict[str, Any], phased: dict[str, dict[st
 
     def backfill(where: str) -> dict[str, Any]:
         return {"text": corpus["first"], "job": str(WORDCOUNT),
+                "env": {"WORDCOUNT_INPUT": corpus["rest"]},
                 "dirs": {b: str(tmp / f"backfill-{where}-{b}") for b in ("memory", "rocksdb")}}
     quiet = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"}
     # local[2]: executors are the driver's children and inherit its
