@@ -59,8 +59,12 @@ __all__ = ["ChainPolicy", "MemorySnapshotStrategy", "shared_file_name"]
 #: MB of heap, and more as the heap grows).
 _INLINE = 5000
 #: A snapshot is full when the keys written since the last one are at least
-#: this fraction of the entries.
-_FULL_ABOVE = 0.5
+#: this fraction of the entries (counting a key written twice twice): about
+#: where a delta starts to cost more to encode than every entry (measured on
+#: 1M keys: full 151 ms; a delta of 10% 77 ms, 20% 157 ms, 30% 213 ms, 50%
+#: 363 ms: a delta unions the recorded keys and looks each up, a cache miss
+#: each, where a full snapshot walks the table in order).
+_FULL_ABOVE = 0.2
 #: Below this size a full file is "small": deltas over it do not cut the chain
 #: by the ratio rule alone (a growing state would write a full every time).
 _SMALL = 1 << 20
@@ -116,7 +120,7 @@ class MemorySnapshotStrategy:
     def budget(self) -> float:
         """How many keys a table may record before its next snapshot is
         surely full (see :class:`~eddyflow.state.abc.Changes`): as many as
-        half the entries, the bound above which this strategy writes a full
+        a fifth of the entries, the bound above which this strategy writes a full
         snapshot rather than a delta."""
         return _FULL_ABOVE * self.backend.entry_count()
 
