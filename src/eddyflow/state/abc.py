@@ -66,41 +66,83 @@ class Changes:
 
     Two records, both replaced (never cleared) at each snapshot: ``keys``, a
     dict (its values mean nothing) for writes one at a time (the state
-    handles), ``None`` when nothing needs to know (no checkpointing); and
-    whole lists of keys (:meth:`add_batch`) for the keyed operators, which
-    record a batch's keys with one list built at C speed instead of a hash
-    insert per record (measured: a ``dict.update`` per batch was 30% of a
-    keyed sum's time at 1M keys, every insert a cache miss). The snapshot
-    unions them, off the event loop. Past ``fold`` keys in lists (a long
-    interval), the lists are folded into ``keys`` to bound their memory."""
+    handles), ``None`` when nothing needs to know (no checkpointing, or
+    :attr:`saturated`); and whole lists of keys (:meth:`add_batch`) for the
+    keyed operators, which record a batch's keys with one list built at C
+    speed instead of a hash insert per record (measured: a ``dict.update``
+    per batch was 30% of a keyed sum's time at 1M keys, every insert a cache
+    miss). The snapshot unions them, off the event loop. Past ``fold`` keys
+    in lists (a long interval), the lists are folded into ``keys`` to bound
+    their memory.
 
-    __slots__ = ("_batched", "_batches", "keys")
+    A backend whose next snapshot will not use the keys once there are too
+    many of them (the memory backend writes every entry once about half of
+    them changed) passes ``budget``: once the lists hold more keys than
+    ``budget()`` says, recording stops (:attr:`saturated`, ``keys`` is
+    ``None``) until :meth:`take_written`. Recording a key costs a cache miss
+    for each key of a batch and another to free it (measured: 0.15 s of a
+    3 s keyed sum over 1M keys), for keys nobody would read."""
+
+    __slots__ = ("_batched", "_batches", "_budget", "_cap", "keys", "saturated")
 
     fold = 1 << 22
 
-    def __init__(self, track: bool) -> None:
+    def __init__(self, track: bool, budget: Callable[[], float] | None = None,
+                 *, saturated: bool = False) -> None:
         self.keys: dict[Any, Any] | None = {} if track else None
         self._batches: list[list[Any]] = []
         self._batched = 0
+        self._budget = budget
+        #: Recording stopped: the keys written since the last snapshot are not known.
+        self.saturated = False
+        self._cap: float = self.fold if budget is None else min(self.fold, budget())
+        if track and saturated:
+            self.saturate()
 
     def add_batch(self, keys: list[Any]) -> None:
         """Record the keys of a batch as written (call only while tracking)."""
         self._batches.append(keys)
         self._batched += len(keys)
-        if self._batched > self.fold:
-            written = self.keys
-            assert written is not None
-            for batch in self._batches:
-                written.update(dict.fromkeys(batch))
-            self._batches = []
-            self._batched = 0
+        if self._batched > self._cap:
+            self._overflow()
+
+    def _overflow(self) -> None:
+        budget = self._budget
+        if budget is not None:
+            limit = budget()
+            if len(self) > limit:
+                self.saturate()
+                return
+            # The budget grew with the table: look again when it is reached.
+            self._cap = min(self.fold, limit)
+            if self._batched <= self.fold:
+                return
+        written = self.keys
+        assert written is not None
+        for batch in self._batches:
+            written.update(dict.fromkeys(batch))
+        self._batches = []
+        self._batched = 0
+
+    def saturate(self) -> None:
+        """Stop recording (while tracking): the next snapshot will not read
+        the keys."""
+        if self.keys is None and not self.saturated:
+            return  # not tracking
+        self.keys = None
+        self._batches = []
+        self._batched = 0
+        self.saturated = True
 
     def __len__(self) -> int:
         """How many keys were recorded (a key written twice may count twice)."""
         return (len(self.keys) if self.keys is not None else 0) + self._batched
 
     def take(self) -> Written:
-        """The keys written so far; recording starts over."""
+        """The keys written so far; recording starts over. Not for a
+        record with a ``budget`` (see :meth:`take_written`)."""
+        if self.saturated:
+            raise RuntimeError("the written keys are not known (saturated): use take_written")
         keys, batches = self.keys, self._batches
         if keys is None:
             return {}, []
@@ -108,6 +150,19 @@ class Changes:
         self._batches = []
         self._batched = 0
         return keys, batches
+
+    def take_written(self) -> Written | None:
+        """The keys written so far, or ``None`` if recording had stopped
+        (:attr:`saturated`); recording starts over either way."""
+        if self.saturated:
+            self.saturated = False
+            self.keys = {}
+            self._cap = self.fold if self._budget is None else min(self.fold, self._budget())
+            return None
+        written = self.take()
+        if self._budget is not None:
+            self._cap = min(self.fold, self._budget())
+        return written
 
 
 @dataclass(frozen=True)

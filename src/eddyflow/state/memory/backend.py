@@ -38,7 +38,11 @@ class MemoryKeyedStateBackend(KeyedStateBackend):
         table = self._tables.get(name)
         if table is None:
             table = self._tables[name] = {}
-            self._changes[name] = Changes(self._track)
+            # Until a first snapshot is taken no keys are recorded: it is
+            # full (so is any snapshot with no completed one before it).
+            strategy = self._strategy
+            self._changes[name] = Changes(self._track, strategy.budget,
+                                          saturated=strategy.fresh)
         return table
 
     def changes(self, name: str) -> Changes:
@@ -53,6 +57,9 @@ class MemoryKeyedStateBackend(KeyedStateBackend):
         self._was_restored()
         self.declare(name, kind).update(entries)
         return len(entries)
+    def entry_count(self) -> int:
+        """How many entries the tables hold together."""
+        return sum(map(len, self._tables.values()))
 
     def snapshot(self, target: SnapshotTarget) -> KeyedSnapshot:
         self._check_open()
