@@ -460,3 +460,15 @@ def test_end_of_input_snapshot_names_a_value_that_cannot_be_pickled(
                                     at_end=True)
             asyncio.run(b.snapshot(target).write())
         b.close()
+
+
+@given(st.lists(st.one_of(st.integers(-3, 3), st.sampled_from(["a", "b", ""]), st.booleans(),
+                          st.floats(-1, 1), st.just({"n": 1})), max_size=300))
+def test_values_are_serialized_as_the_serializer_does_repeats_or_not(values: list[Any]) -> None:
+    """Repeated ints and strings are serialized once each: the bytes are the
+    serializer's own (True is not 1, 1.0 is not 1)."""
+    from eddyflow.state.rocksdb.backend import PickleSerializer, _dump_all
+
+    dumps = PickleSerializer().dumps
+    for vs in (values, [v for v in values if type(v) in (int, str)] * 5):
+        assert _dump_all(vs, dumps) == list(map(dumps, vs))
