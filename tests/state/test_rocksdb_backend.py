@@ -326,11 +326,11 @@ def test_counts_through_a_cache_smaller_than_the_keys_are_exact(
         b.close()
 
 
-@given(st.lists(st.text(max_size=300), max_size=30))
-def test_string_row_keys_take_a_fast_path_to_the_same_bytes(keys: list[str]) -> None:
+@given(st.lists(st.text(max_size=300), max_size=30), st.sampled_from([1, MP, 256, 257, 32768]))
+def test_string_row_keys_take_a_fast_path_to_the_same_bytes(keys: list[str], mp: int) -> None:
     from eddyflow.state.rocksdb.keys import StatePrefix
 
-    rows = StatePrefix("s", MP)
+    rows = StatePrefix("s", mp)
     assert rows.prefixes(keys) == [rows.prefix(k) for k in keys]
     # A lone surrogate (strict UTF-8 refuses it: the batch takes the slow path).
     odd = [*keys, "a\ud800b"]

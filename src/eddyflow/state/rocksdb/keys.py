@@ -160,6 +160,12 @@ def str_key_groups(utf8: Sequence[bytes], max_parallelism: int) -> list[int]:
     finaliser run on all of them at once by numpy rather than a Python call
     a key (profiled: the per-key finaliser was a third of building a
     checkpoint's row keys, 0.25 of 0.8 s for 1M keys)."""
+    groups: list[int] = _str_key_groups(utf8, max_parallelism).tolist()
+    return groups
+
+
+def _str_key_groups(utf8: Sequence[bytes], max_parallelism: int) -> Any:
+    """:func:`str_key_groups` as a numpy array."""
     import numpy as np  # (here: importing eddyflow does not import numpy)
 
     h = np.fromiter(map(zlib.crc32, utf8), dtype=np.uint64, count=len(utf8))
@@ -173,8 +179,7 @@ def str_key_groups(utf8: Sequence[bytes], max_parallelism: int) -> list[int]:
     h &= 0xFFFFFFFF
     h ^= h >> 16
     h %= max_parallelism
-    groups: list[int] = h.tolist()
-    return groups
+    return h
 
 
 def sort_order(rows: list[bytes]) -> list[int]:
@@ -196,6 +201,9 @@ def sort_order(rows: list[bytes]) -> list[int]:
     return order
 
 
+#: Up to this ``max_parallelism``, string row keys are joined from a table of
+#: every (key group, length) pair's first bytes (255 entries a key group).
+_PAIRED = 256
 #: Rows longer than this are sorted without numpy (see :func:`sort_order`).
 _NUMPY_SORT_WIDTH = 256
 
@@ -204,7 +212,7 @@ class StatePrefix:
     """Row keys of one state: ``prefix(key)`` for one key, ``prefixes(keys)``
     for a batch (key groups hashed at close to C speed for string keys)."""
 
-    __slots__ = ("_by_group", "_groups", "max_parallelism", "name", "tag")
+    __slots__ = ("_by_group", "_by_group_list", "_groups", "max_parallelism", "name", "tag")
 
     def __init__(self, name: str, max_parallelism: int) -> None:
         raw = name.encode("utf-8")
@@ -214,8 +222,12 @@ class StatePrefix:
         self.tag = bytes((len(raw),)) + raw
         self.max_parallelism = max_parallelism
         self._by_group: dict[int, bytes] = {}
-        #: Every key group's prefix, by key group (built for the first batch).
+        #: The first bytes of the rows of every key group and string length
+        #: (see ``_str_prefixes``; built for the first batch).
         self._groups: list[bytes] | None = None
+        #: Every key group's prefix, by key group (for a batch, when
+        #: ``_groups`` would be too big).
+        self._by_group_list: list[bytes] | None = None
 
     def _group(self, kg: int) -> bytes:
         p = self._by_group.get(kg)
@@ -247,16 +259,26 @@ class StatePrefix:
             utf8 = list(map(str.encode, keys))
         except UnicodeEncodeError:
             utf8 = list(map(_UTF8, keys))
-        groups = self._groups
-        if groups is None:
-            groups = self._groups = list(map(self._group, range(self.max_parallelism)))
-        if max(map(len, utf8), default=0) < 0xFF:
-            heads = map(_STR_HEADERS.__getitem__, map(len, utf8))
-        else:
-            heads = map(_str_header, utf8)
-        return list(map(bytes.__add__,
-                        map(groups.__getitem__, str_key_groups(utf8, self.max_parallelism)),
-                        map(bytes.__add__, heads, utf8)))
+        mp = self.max_parallelism
+        if mp <= _PAIRED and max(map(len, utf8), default=0) < 0xFF:
+            # One table of every (key group, length) pair's first bytes: one
+            # concatenation a key instead of two (0.19 against 0.23 s for
+            # 500k keys).
+            import numpy as np
+
+            pairs = self._groups
+            if pairs is None:
+                pairs = self._groups = [self._group(kg) + head for kg in range(mp)
+                                        for head in _STR_HEADERS]
+            lengths = np.fromiter(map(len, utf8), dtype=np.int64, count=len(utf8))
+            index = (_str_key_groups(utf8, mp).astype(np.int64) * len(_STR_HEADERS)
+                     + lengths).tolist()
+            return list(map(bytes.__add__, map(pairs.__getitem__, index), utf8))
+        by_group = self._by_group_list
+        if by_group is None:
+            by_group = self._by_group_list = list(map(self._group, range(mp)))
+        groups = map(by_group.__getitem__, str_key_groups(utf8, mp))
+        return list(map(bytes.__add__, groups, map(bytes.__add__, map(_str_header, utf8), utf8)))
 
     def split(self, row: bytes) -> tuple[Any, bytes]:
         """A row of this state: its key and what follows the key."""
