@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import eddyflow as ef
+from eddyflow.errors import StateSerializationError
 from eddyflow.keygroups import key_group_for, key_group_range
 from eddyflow.state.abc import KeyedStateBackend, KeyedStateHandle, SnapshotTarget
 from eddyflow.state.handles import ListState, MapState, ReducingState, ValueState
@@ -359,12 +360,15 @@ def test_counts_through_a_cache_smaller_than_the_keys_are_exact(
         b.close()
 
 
-@given(st.lists(st.text(max_size=300), max_size=30))
-def test_string_row_keys_take_a_fast_path_to_the_same_bytes(keys: list[str]) -> None:
+@given(st.lists(st.text(max_size=300), max_size=30), st.sampled_from([1, MP, 256, 257, 32768]))
+def test_string_row_keys_take_a_fast_path_to_the_same_bytes(keys: list[str], mp: int) -> None:
     from eddyflow.state.rocksdb.keys import StatePrefix
 
-    rows = StatePrefix("s", MP)
+    rows = StatePrefix("s", mp)
     assert rows.prefixes(keys) == [rows.prefix(k) for k in keys]
+    # A lone surrogate (strict UTF-8 refuses it: the batch takes the slow path).
+    odd = [*keys, "a\ud800b"]
+    assert rows.prefixes(odd) == [rows.prefix(k) for k in odd]
 
 
 @pytest.mark.parametrize("kind", ["rocksdb", "memory"])
@@ -402,3 +406,123 @@ def test_bulk_load_of_a_fresh_backend_snapshots_and_restores(tmp_path: Path, kin
     new.restore_from(storage.root, handle.kinds, [handle])
     tables = new.tables()
     assert tables["v"] == values and tables["m"] == maps and tables["l"] == {}
+row_keys = st.one_of(st.integers(), st.text(max_size=12), st.binary(max_size=12),
+                     st.tuples(st.integers(), st.binary(max_size=4)))
+
+
+@given(st.lists(row_keys, max_size=60, unique_by=encode_key), st.booleans())
+def test_rows_are_sorted_in_byte_order(keys: list[Any], long_rows: bool) -> None:
+    """numpy's fixed-width, NUL-padded order is Python's byte order for row
+    keys (ints end in zero bytes), and so is the fallback for long rows."""
+    from eddyflow.state.rocksdb import keys as rocks_keys
+
+    rows = rocks_keys.StatePrefix("s", MP).prefixes(keys)
+    if long_rows:
+        rows.append(rocks_keys.StatePrefix("s", MP).prefix("x" * 300))
+    order = rocks_keys.sort_order(rows)
+    assert [rows[i] for i in order] == sorted(rows)
+
+
+@given(st.lists(st.text(max_size=8), max_size=40), st.sampled_from([1, 7, MP, 32768]))
+def test_string_key_groups_in_bulk_are_the_stable_hashes(keys: list[str], mp: int) -> None:
+    from eddyflow.state.rocksdb.keys import str_key_groups
+
+    utf8 = [k.encode("utf-8", "surrogatepass") for k in keys]
+    assert str_key_groups(utf8, mp) == [key_group_for(k, mp) for k in keys]
+
+
+def _stored(b: RocksDBKeyedStateBackend, name: str) -> dict[Any, Any]:
+    return dict(b.tables()[name].items())
+
+
+@pytest.mark.parametrize("fork", [True, False])
+@pytest.mark.parametrize("states", [1, 2])
+def test_end_of_input_snapshot_writes_the_barrier_state(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fork: bool, states: int) -> None:
+    """The end-of-input snapshot of many changed keys: written half by a
+    forked child and half at the barrier (or all at the barrier), and with
+    one state (rewritten whole over a range deletion) or two. Keys removed
+    since the last checkpoint are gone from the next one, mutable values are
+    the bytes at the barrier, and restoring the checkpoint gives it all back."""
+    from eddyflow.state import forked
+    from eddyflow.state.rocksdb import backend as rocksdb_backend
+
+    monkeypatch.setattr(forked, "ENABLED", fork)
+    monkeypatch.setattr(rocksdb_backend, "_INLINE", 10)
+    monkeypatch.setattr(rocksdb_backend, "_SPLIT", 10)
+    storage = CheckpointStorage(tmp_path / "chk")
+    b = make(tmp_path)
+    table = b.declare("s", "value")
+    changes = b.changes("s")
+    other = b.declare("t", "value") if states == 2 else None
+    expected: dict[Any, Any] = {}
+    for k in range(300):
+        table[k] = expected[k] = {"n": k, "items": [k]}
+    if other is not None:
+        other["x"] = 1
+        b.changes("t").add_batch(["x"])
+    changes.add_batch(list(range(300)))
+    snapshot(b, storage, 1)
+    # Then: some keys removed, some changed, some new; more writes recorded
+    # than there are keys (as when nearly every key changed).
+    for k in range(0, 300, 3):
+        del table[k]
+        del expected[k]
+    for k in range(1, 300, 3):
+        table[k]["n"] += 1000
+    for k in range(300, 330):
+        table[k] = expected[k] = [k]
+    changes.add_batch(list(range(330)) * 2)
+    snap = b.snapshot(SnapshotTarget(storage, 2, "run", 0, at_end=True))
+    barrier = {k: (dict(v, items=list(v["items"])) if isinstance(v, dict) else list(v))
+               for k, v in expected.items()}
+    for v in table.values():  # after the barrier, before the asynchronous half
+        (v["items"] if isinstance(v, dict) else v).append("late")
+    handle = asyncio.run(snap.write())
+    b.notify_checkpoint_complete(2)
+    got = {k: v for _, name, k, v in handle.read(storage.root) if name == "s"}
+    assert got == barrier
+    restored = make(tmp_path / "restored")
+    restored.restore_from(storage.root, handle.kinds, [KeyedStateHandle.from_json(
+        handle.to_json())])
+    assert _stored(restored, "s") == barrier
+    if other is not None:
+        assert _stored(restored, "t") == {"x": 1}
+    assert not [f for f in os.listdir(b._instance.folder) if f.endswith((".sst", ".partial"))]
+    b.close()
+    restored.close()
+
+
+@pytest.mark.parametrize("fork", [True, False])
+def test_end_of_input_snapshot_names_a_value_that_cannot_be_pickled(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fork: bool) -> None:
+    """In either share of the keys (the child's or the barrier's)."""
+    from eddyflow.state import forked
+    from eddyflow.state.rocksdb import backend as rocksdb_backend
+
+    monkeypatch.setattr(forked, "ENABLED", fork)
+    monkeypatch.setattr(rocksdb_backend, "_INLINE", 10)
+    monkeypatch.setattr(rocksdb_backend, "_SPLIT", 10)
+    for bad in (5, 95):
+        b = make(tmp_path / str(bad))
+        table = b.declare("s", "value")
+        for k in range(100):
+            table[f"k{k}"] = (lambda: None) if k == bad else k
+        b.changes("s").add_batch([f"k{k}" for k in range(100)])
+        with pytest.raises(StateSerializationError, match=f"key 'k{bad}'"):
+            target = SnapshotTarget(CheckpointStorage(tmp_path / "chk"), 1, "run", 0,
+                                    at_end=True)
+            asyncio.run(b.snapshot(target).write())
+        b.close()
+
+
+@given(st.lists(st.one_of(st.integers(-3, 3), st.sampled_from(["a", "b", ""]), st.booleans(),
+                          st.floats(-1, 1), st.just({"n": 1})), max_size=300))
+def test_values_are_serialized_as_the_serializer_does_repeats_or_not(values: list[Any]) -> None:
+    """Repeated ints and strings are serialized once each: the bytes are the
+    serializer's own (True is not 1, 1.0 is not 1)."""
+    from eddyflow.state.rocksdb.backend import PickleSerializer, _dump_all
+
+    dumps = PickleSerializer().dumps
+    for vs in (values, [v for v in values if type(v) in (int, str)] * 5):
+        assert _dump_all(vs, dumps) == list(map(dumps, vs))

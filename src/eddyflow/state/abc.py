@@ -134,6 +134,18 @@ class Changes:
         self._batched = 0
         self.saturated = True
 
+    def put_back(self, written: Written) -> None:
+        """Record the keys of ``written`` (taken earlier) as written again,
+        by reference: a snapshot that was to write them was abandoned
+        (de-duplicating them here cost 0.4 s for 700k keys at the end of a
+        1M-key running sum, and the next snapshot de-duplicates anyway)."""
+        keys = self.keys
+        assert keys is not None
+        one_by_one, batches = written
+        keys.update(one_by_one)
+        for batch in batches:
+            self.add_batch(batch)
+
     def __len__(self) -> int:
         """How many keys were recorded (a key written twice may count twice)."""
         return (len(self.keys) if self.keys is not None else 0) + self._batched

@@ -57,6 +57,7 @@ class MemoryKeyedStateBackend(KeyedStateBackend):
         self._was_restored()
         self.declare(name, kind).update(entries)
         return len(entries)
+
     def entry_count(self) -> int:
         """How many entries the tables hold together."""
         return sum(map(len, self._tables.values()))

@@ -6,9 +6,10 @@ snapshot go into the database, with one ``WriteBatch`` when they are few,
 or (many) through a forked child that writes them as a sorted SST file from
 a copy-on-write image of the caches (``RocksDBKeyedStateBackend.begin_snapshot``).
 Its cost follows what changed, not the size of the state, and most of it
-runs on another core.
+runs on another core (at the end of the input, when nothing else runs, the
+barrier writes half of the rows and the child the other half).
 
-Asynchronous half: the child's file is ingested, the memtable flushed, and a
+Asynchronous half: the files are ingested, the memtable flushed, and a
 RocksDB checkpoint taken — a folder of hard links to the database's immutable
 SST files plus copies of its small ``MANIFEST``/``CURRENT``/``OPTIONS`` files
 (in a worker thread; until then nothing else is written to the database).

@@ -174,9 +174,7 @@ class ValueTable(dict[Any, Any]):
     def rewrite(self, written: Written) -> None:
         """Record ``written`` as written again (a snapshot that was to write
         them was abandoned)."""
-        keys = self.changes.keys
-        assert keys is not None
-        keys.update(dict.fromkeys(written_keys(written)))
+        self.changes.put_back(written)
 
     def evict(self) -> None:
         """Write what changed and drop the older half of the cache (by when
