@@ -83,8 +83,6 @@ from eddyflow.state.metadata import (
     BootstrapInput,
     CheckpointGraph,
     CheckpointMetadata,
-    GraphEdge,
-    GraphNode,
     OperatorState,
     SubtaskState,
 )
@@ -413,12 +411,7 @@ def _metadata(target: _Target, plan: ExecutionPlan, node_id: int,
         alignment_duration=0.0,
         max_parallelism=mp,
         operators=operators,
-        graph=CheckpointGraph(
-            nodes=tuple(GraphNode(n.id, n.uid, n.kind, plan.parallelism[n.id])
-                        for n in plan.graph.nodes),
-            edges=tuple(GraphEdge(e.source, e.target, e.partitioning.value,
-                                  plan.edge_kinds[e.id].value == "back")
-                        for e in plan.graph.edges)),
+        graph=CheckpointGraph.of_plan(plan),
         files=tuple(files.values()),
         checkpointed_size=size,
         full_size=size,

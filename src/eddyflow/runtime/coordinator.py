@@ -44,8 +44,6 @@ from eddyflow.state.commits import (
 from eddyflow.state.metadata import (
     CheckpointGraph,
     CheckpointMetadata,
-    GraphEdge,
-    GraphNode,
     OperatorState,
     SubtaskState,
     TaskStats,
@@ -484,13 +482,7 @@ class CheckpointCoordinator:
             max_parallelism=plan.max_parallelism,
             operators={n.uid: OperatorState(n.kind, plan.parallelism[n.id], subtasks[n.uid])
                        for n in nodes},
-            graph=CheckpointGraph(
-                nodes=tuple(GraphNode(n.id, n.uid, n.kind, plan.parallelism[n.id])
-                            for n in nodes),
-                edges=tuple(GraphEdge(e.source, e.target, e.partitioning.value,
-                                      plan.edge_kinds[e.id].value == "back")
-                            for e in plan.graph.edges),
-            ),
+            graph=CheckpointGraph.of_plan(plan),
             files=tuple(files.values()),
             checkpointed_size=written,
             full_size=full_size,

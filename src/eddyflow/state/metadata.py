@@ -203,6 +203,18 @@ class CheckpointGraph:
         return CheckpointGraph(tuple(GraphNode.from_json(n) for n in d["nodes"]),
                                tuple(GraphEdge.from_json(e) for e in d["edges"]))
 
+    @staticmethod
+    def of_plan(plan: Any) -> CheckpointGraph:
+        """The graph of an execution plan (``graph.plan.ExecutionPlan``,
+        taken by its attributes: ``state`` does not import ``graph``), as the
+        coordinator and ``offline.bootstrap`` record it."""
+        return CheckpointGraph(
+            nodes=tuple(GraphNode(n.id, n.uid, n.kind, plan.parallelism[n.id])
+                        for n in plan.graph.nodes),
+            edges=tuple(GraphEdge(e.source, e.target, e.partitioning.value,
+                                  plan.edge_kinds[e.id].value == "back")
+                        for e in plan.graph.edges))
+
 
 @dataclass(frozen=True)
 class TaskStats:
