@@ -119,6 +119,9 @@ class ChangesPlan:
     #: The end checkpoint's keyed state (of the operators asked for), bytes.
     full_bytes: int
     exact: bool = False
+    #: The two checkpoints, verified once by the plan (what to ship follows
+    #: from them: either may hold RocksDB state, since a restore can switch).
+    checkpoints: tuple[CheckpointRef, ...] = ()
 
     @property
     def units(self) -> list[DeltaUnit | DiffUnit]:
@@ -266,7 +269,8 @@ def plan_changes(directory: str | os.PathLike[str], start: int, end: int,
         b_files = keyed_files(b, op) if op in _keyed_operators(b) else []
         full += sum(h.size for kf in b_files for h in _handles(kf))
         unchanged += _plan_operator(op, a_files, b_files, exact, deltas, diffs)
-    return ChangesPlan(start, end, tuple(deltas), tuple(diffs), unchanged, full, exact)
+    return ChangesPlan(start, end, tuple(deltas), tuple(diffs), unchanged, full, exact,
+                       (a, b))
 
 
 # -- on the executors ---------------------------------------------------------------
@@ -425,8 +429,8 @@ def read_changes(spark: Any, directory: str | os.PathLike[str], start: int, end:
 
     plan = plan_changes(directory, start, end, operator, exact=exact)
     log.info("read_changes: %s", plan.describe())
-    for checkpoint in (start, end):  # either may hold RocksDB state (a restore switches)
-        ship_to_executors(spark, checkpoint=open_checkpoint(directory, checkpoint))
+    for ref in plan.checkpoints:
+        ship_to_executors(spark, checkpoint=ref)
     sc = spark.sparkContext
     parts = []
     direct = [u for u in plan.deltas if u.start is None]

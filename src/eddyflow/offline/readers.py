@@ -139,8 +139,9 @@ def state_rdd(sc: Any, chk: CheckpointLike, operator: str | None = None, *,
     entries are dropped at the synchronous phase of every snapshot, so
     nothing is left out here (and the checkpoint's time, not the reader's,
     is what a checkpoint's state is as of)."""
-    ship_to_executors(sc, checkpoint=chk)
-    files = keyed_files(_ref(chk), operator)
+    ref = _ref(chk)
+    ship_to_executors(sc, checkpoint=ref)
+    files = keyed_files(ref, operator)
     if not files:
         return sc.emptyRDD()
     return sc.parallelize(files, len(files)).flatMap(_read_file if raw else _read_user_file)
@@ -162,7 +163,6 @@ def read_state(spark: Any, chk: CheckpointLike, operator: str | None = None, *,
     :func:`read_timers` give one per window and per timer): read together
     with other states they make the value column text; name the
     ``operator`` whose values you want typed."""
-    ship_to_executors(spark)
     from pyspark.sql import types as T
 
     rows = state_rdd(spark.sparkContext, chk, operator).map(_state_row)
@@ -190,7 +190,6 @@ def read_windows(spark: Any, chk: CheckpointLike, operator: str | None = None, *
     value`` (``value``: the window's accumulator — the running reduce,
     sum, count or aggregate, or the elements for ``process``); ``key`` and
     ``value`` typed where they are simple (``as_text=True``: text)."""
-    ship_to_executors(spark)
     from pyspark.sql import types as T
 
     rows = state_rdd(spark.sparkContext, chk, operator).flatMap(_window_rows)
@@ -219,7 +218,6 @@ def read_timers(spark: Any, chk: CheckpointLike, operator: str | None = None, *,
     row each: ``operator, subtask, key_group, key, domain, timestamp``
     (``domain``: ``event`` or ``processing``); ``key`` typed where the keys
     are simple (``as_text=True``: text)."""
-    ship_to_executors(spark)
     from pyspark.sql import types as T
 
     rows = state_rdd(spark.sparkContext, chk, operator).flatMap(_timer_rows)
@@ -268,7 +266,6 @@ def read_backedge_log(spark: Any, chk: CheckpointLike, *, as_text: bool = False)
     """The records a checkpoint holds on loop back-edges: ``operator,
     subtask, channel, seq, record``; ``record`` typed where the records are
     simple (``as_text=True``: text)."""
-    ship_to_executors(spark)
     from pyspark.sql import types as T
 
     return frame(spark, backedge_rdd(spark.sparkContext, chk), [
@@ -345,7 +342,6 @@ def read_channel_state(spark: Any, chk: CheckpointLike, *, as_text: bool = False
     unaligned checkpoint's channel state): ``exchange, upstream,
     downstream, side, seq, record, timestamp``; ``record`` typed where the
     records are simple (``as_text=True``: text)."""
-    ship_to_executors(spark)
     from pyspark.sql import types as T
 
     return frame(spark, channel_state_rdd(spark.sparkContext, chk), [

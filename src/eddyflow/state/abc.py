@@ -76,7 +76,7 @@ class Changes:
     their memory.
 
     A backend whose next snapshot will not use the keys once there are too
-    many of them (the memory backend writes every entry once about half of
+    many of them (the memory backend writes every entry once a fifth of
     them changed) passes ``budget``: once the lists hold more keys than
     ``budget()`` says, recording stops (:attr:`saturated`, ``keys`` is
     ``None``) until :meth:`take_written`. Recording a key costs a cache miss
@@ -95,7 +95,8 @@ class Changes:
         self._budget = budget
         #: Recording stopped: the keys written since the last snapshot are not known.
         self.saturated = False
-        self._cap: float = self.fold if budget is None else min(self.fold, budget())
+        self._cap: float = self.fold
+        self._reset_cap()
         if track and saturated:
             self.saturate()
 
@@ -169,12 +170,15 @@ class Changes:
         if self.saturated:
             self.saturated = False
             self.keys = {}
-            self._cap = self.fold if self._budget is None else min(self.fold, self._budget())
+            self._reset_cap()
             return None
         written = self.take()
-        if self._budget is not None:
-            self._cap = min(self.fold, self._budget())
+        self._reset_cap()
         return written
+
+    def _reset_cap(self) -> None:
+        # How many batched keys to hold before asking the budget again.
+        self._cap = self.fold if self._budget is None else min(self.fold, self._budget())
 
 
 @dataclass(frozen=True)
