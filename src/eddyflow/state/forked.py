@@ -129,24 +129,44 @@ class ChildWork:
 
 
 _children = 0
+#: How the collector was kept off while children live: "freeze", "disable",
+#: or "" (it was disabled already: nothing to do).
+_held = ""
 
 
 def _freeze() -> None:
-    """While a child lives, the parent's collector leaves the objects that
-    existed at the fork alone: a full collection writes into the header of
+    """While a child lives, keep the parent's collector off the objects
+    that existed at the fork: a full collection writes into the header of
     every container it visits, and each page it writes to is copied for the
-    child's sake (Instagram's reason for ``gc.freeze``)."""
-    global _children
+    child's sake (Instagram's reason for ``gc.freeze``).
+
+    ``gc.freeze`` it is, unless the program froze objects of its own (a
+    pre-forking server does, for the same reason): ``gc.unfreeze`` cannot
+    tell theirs from ours and would hand them all back to the collector, so
+    then collection is paused instead (``gc.disable``) until the last child
+    is reaped; and if the program disabled the collector, it stays so."""
+    global _children, _held
     if _children == 0:
-        gc.freeze()
+        if not gc.isenabled():
+            _held = ""
+        elif gc.get_freeze_count() == 0:
+            gc.freeze()
+            _held = "freeze"
+        else:
+            gc.disable()
+            _held = "disable"
     _children += 1
 
 
 def _unfreeze() -> None:
-    global _children
+    global _children, _held
     _children -= 1
     if _children == 0:
-        gc.unfreeze()
+        if _held == "freeze":
+            gc.unfreeze()
+        elif _held == "disable":
+            gc.enable()
+        _held = ""
 
 
 def start(fn: Callable[[], Any]) -> ChildWork:
