@@ -414,3 +414,58 @@ def test_changes_budget_follows_the_table_and_take_refuses_when_saturated() -> N
     untracked.saturate()
     assert untracked.keys is None and not untracked.saturated
     assert untracked.take_written() == ({}, [])
+
+
+def _files_under(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("kind", ["scalars", "mutable"])
+def test_an_end_of_input_snapshot_is_streamed_into_its_file(tmp_path: Path, kind: str,
+                                                             monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    """At the end of the input a large snapshot is encoded straight into a
+    temporary file and sealed (checksum read back, renamed): the same
+    frames as one encoded in memory, and nothing left but the file."""
+    monkeypatch.setattr(memory_snapshot, "_INLINE", 10)
+    b = make()
+    vs = ValueState(b, "s")
+    for i in range(5000):
+        b.current_key = f"k{i}"
+        vs.update(i if kind == "scalars" else {"n": i, "seen": [i]})
+    storage = CheckpointStorage(tmp_path)
+    snapshot = b.snapshot(SnapshotTarget(storage, 1, "run", 0, at_end=True))
+    assert isinstance(snapshot, memory_snapshot._Snapshot) and snapshot.streamed is not None
+    b.current_key = "k0"
+    if kind == "mutable":
+        vs.value["seen"].append("after the barrier")  # type: ignore[index]
+    handle = asyncio.run(snapshot.write())
+    (state_file,) = handle.files
+    assert _files_under(tmp_path) == [state_file.handle.path]
+    storage.verify_file(state_file.handle)  # size and checksum as recorded
+    want = {f"k{i}": (i if kind == "scalars" else {"n": i, "seen": [i]}) for i in range(5000)}
+    assert read(tmp_path, handle) == {"s": want}
+    # Byte for byte what the encoder gives in memory.
+    chunks, index = memory_snapshot._encode(
+        {"s": dict(zip(want, want.values(), strict=True))}, [], True, MP, "op", 1)
+    assert (tmp_path / state_file.handle.path).read_bytes() == b"".join(chunks)
+    assert dict(state_file.index) == index
+
+
+def test_a_streamed_snapshot_that_fails_or_is_cancelled_leaves_no_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(memory_snapshot, "_INLINE", 10)
+    b = make()
+    vs = ValueState(b, "s")
+    for i in range(100):
+        b.current_key = f"k{i}"
+        vs.update([i])
+    storage = CheckpointStorage(tmp_path)
+    snapshot = b.snapshot(SnapshotTarget(storage, 1, "run", 0, at_end=True))
+    snapshot.cancel()
+    assert _files_under(tmp_path) == []
+    b.current_key = "k50"
+    vs.update(lambda: None)  # cannot be pickled
+    with pytest.raises(StateSerializationError, match="k50"):
+        b.snapshot(SnapshotTarget(storage, 2, "run", 0, at_end=True))
+    assert _files_under(tmp_path) == []

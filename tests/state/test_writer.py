@@ -199,3 +199,56 @@ def test_an_orphaned_writer_process_exits_quietly(tmp_path: Path) -> None:
     err = proc.stderr.read()
     assert proc.wait(timeout=30) == 0
     assert err == b"", err.decode()
+
+
+def test_seal_makes_a_file_written_elsewhere_durable_with_its_checksum(tmp_path: Path) -> None:
+    """A file the job streamed to a temporary name is sealed by the helper
+    (checksum read back, fsync, rename), or in-process without one."""
+    data = os.urandom(3_000_000)
+
+    async def go() -> None:
+        w = await _started()
+        try:
+            storage = CheckpointStorage(tmp_path)
+            storage.writer = w
+            for rel in ("shared/by-helper", "shared/other"):
+                tmp, out = storage.open_temp(rel)
+                with out:
+                    out.write(data)
+                if rel == "shared/other":
+                    storage.writer = None  # in-process, off the loop
+                handle = await storage.seal(rel, tmp)
+                assert handle == FileHandle(rel, len(data), hashlib.sha256(data).hexdigest())
+                assert (tmp_path / rel).read_bytes() == data
+                storage.verify_file(handle)
+            assert sorted(os.listdir(tmp_path / "shared")) == ["by-helper", "other"]
+            with pytest.raises(OSError, match="missing"):
+                await w.seal(str(tmp_path / "missing"), str(tmp_path / "shared" / "x"))
+            assert w.running  # a failed request does not stop the helper
+        finally:
+            await w.aclose()
+
+    anyio.run(go)
+
+
+def test_the_helper_widens_its_request_pipe(tmp_path: Path) -> None:
+    fcntl = pytest.importorskip("fcntl")
+    getsize = getattr(fcntl, "F_GETPIPE_SZ", None)
+    if getsize is None:
+        pytest.skip("no F_GETPIPE_SZ here")
+    probe_r, probe_w = os.pipe()
+    try:
+        fcntl.fcntl(probe_w, fcntl.F_SETPIPE_SZ, _writer_main.PIPE_SIZE)
+    except OSError:
+        pytest.skip("this machine refuses pipes of that size")
+    finally:
+        os.close(probe_r)
+        os.close(probe_w)
+    r, w = os.pipe()
+    try:
+        assert fcntl.fcntl(w, getsize) < _writer_main.PIPE_SIZE
+        _writer_main._widen_pipe(r)  # the reader's end: the helper's stdin
+        assert fcntl.fcntl(w, getsize) == _writer_main.PIPE_SIZE
+    finally:
+        os.close(r)
+        os.close(w)

@@ -27,14 +27,14 @@ import os
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, BinaryIO, ParamSpec, TypeVar
 
 import aiofiles.os
 import anyio
 import anyio.lowlevel
 
 from eddyflow.durable import fsync_dir
-from eddyflow.state._writer_main import remove, write_durably
+from eddyflow.state._writer_main import remove, seal_durably, temp_name, write_durably
 from eddyflow.state.writer import WriterProcess
 
 __all__ = [
@@ -198,13 +198,36 @@ class CheckpointStorage:
         path = os.path.join(self.root, relpath)
         writer = self._running_writer()
         if writer is not None:
-            size, sha = await writer.write(path, b"".join(chunks))
+            size, sha = await writer.write(path, list(chunks))
             return FileHandle(relpath, size, sha)
         data = list(chunks)
         if sum(map(len, data)) <= INLINE_WRITE_LIMIT:
             size, sha = _write_durably(path, data)
         else:
             size, sha = await _run_off_loop(_write_durably, path, data)
+        return FileHandle(relpath, size, sha)
+
+    def open_temp(self, relpath: str) -> tuple[str, BinaryIO]:
+        """A new file under a temporary name next to ``relpath`` (under the
+        root), for the caller to write in full, close and hand to
+        :meth:`seal` (or delete): for a large file encoded straight into it
+        rather than held in memory and copied through the writer's pipe."""
+        path = os.path.join(self.root, relpath)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = temp_name(path)
+        return tmp, open(tmp, "wb")
+
+    async def seal(self, relpath: str, tmp: str) -> FileHandle:
+        """Make the file written at ``tmp`` (see :meth:`open_temp`) durable
+        under ``relpath``, as :meth:`write_file` would have written it; its
+        handle, with the size and SHA-256 read back from the file."""
+        path = os.path.join(self.root, relpath)
+        writer = self._running_writer()
+        if writer is not None:
+            size, sha = await writer.seal(tmp, path)
+        else:
+            done = await _run_off_loop(seal_durably, tmp, path)
+            size, sha = int(done["size"]), str(done["sha256"])
         return FileHandle(relpath, size, sha)
 
     async def write_small(self, relpath: str, data: bytes) -> None:

@@ -83,19 +83,28 @@ class WriterProcess:
     def running(self) -> bool:
         return self._process is not None and self._failed is None
 
-    async def write(self, path: str, data: bytes, sync_before: Sequence[str] = (),
+    async def write(self, path: str, data: bytes | Sequence[bytes],
+                    sync_before: Sequence[str] = (),
                     sync_after: Sequence[str] = ()) -> tuple[int, str]:
-        """Write ``data`` to ``path`` durably; returns its size and SHA-256."""
+        """Write ``data`` (bytes, or chunks to write one after the other) to
+        ``path`` durably; returns its size and SHA-256."""
         answer = await self._call({"op": "write", "path": path,
                                    "sync_before": list(sync_before),
                                    "sync_after": list(sync_after)}, data, path)
+        return int(answer["size"]), str(answer["sha256"])
+
+    async def seal(self, tmp: str, path: str) -> tuple[int, str]:
+        """Make the file the caller wrote in full at ``tmp`` durable under
+        ``path``; returns its size and SHA-256 (read back from the file)."""
+        answer = await self._call({"op": "seal", "tmp": tmp, "path": path}, b"", path)
         return int(answer["size"]), str(answer["sha256"])
 
     async def remove(self, folder: str, first: str) -> None:
         """Delete file ``first``, then the tree ``folder``."""
         await self._call({"op": "remove", "path": folder, "first": first}, b"", folder)
 
-    async def _call(self, header: dict[str, Any], payload: bytes, what: str) -> dict[str, Any]:
+    async def _call(self, header: dict[str, Any], payload: bytes | Sequence[bytes],
+                    what: str) -> dict[str, Any]:
         with anyio.CancelScope(shield=True):
             answer = await self._exchange(header, payload)
         if not answer["ok"]:
@@ -105,7 +114,8 @@ class WriterProcess:
             raise OSError(f"checkpoint writer: {answer['error']} ({what})")
         return answer
 
-    async def _exchange(self, header: dict[str, Any], payload: bytes) -> dict[str, Any]:
+    async def _exchange(self, header: dict[str, Any], payload: bytes | Sequence[bytes]
+                        ) -> dict[str, Any]:
         process, answers = self._process, self._answers
         if process is None or answers is None or process.stdin is None:
             raise RuntimeError("the checkpoint writer process is not running")

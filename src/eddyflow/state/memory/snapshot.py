@@ -26,15 +26,16 @@ its full file, bounding both restore time and the bytes kept on disk.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from eddyflow.state import forked
-from eddyflow.state._writer_main import write_durably
+from eddyflow.state._writer_main import seal_durably
 from eddyflow.state.abc import (
     Changes,
     KeyedSnapshot,
@@ -46,7 +47,7 @@ from eddyflow.state.abc import (
 )
 from eddyflow.state.format import encode_chunks
 from eddyflow.state.serialization import state_error
-from eddyflow.state.storage import FileHandle
+from eddyflow.state.storage import CheckpointStorage, FileHandle
 from eddyflow.values import SCALARS
 
 if TYPE_CHECKING:
@@ -165,16 +166,24 @@ class MemorySnapshotStrategy:
                 full = True
         rel = shared_file_name(target, backend.operator, full)
         mp = backend.max_parallelism
+        if target.at_end and size > _INLINE:
+            # Nothing else runs: a fork would cost more, and its child would
+            # not run beside any processing. Encoded here, straight into the
+            # file (never all in memory at once, nor copied through the
+            # writer's pipe: 65 ms of 18 MB for 1M keys), then sealed.
+            streamed = _encode_to_file(target.storage, rel, dict(tables), key_sets, full, mp,
+                                       backend.operator, target.checkpoint_id)
+            return _Snapshot(self, target, kinds, entries, None, None if full else base, full,
+                             streamed=streamed)
         if size <= _INLINE or not forked.ENABLED or target.at_end:
-            # Small, or nothing else runs: serialised here, at the barrier (a
-            # fork would cost more, and its child would not run beside any
-            # processing), and written by the job's writer process.
+            # Small: serialised here, at the barrier (cheaper than a fork),
+            # and written by the job's writer process.
             encoded = _encode(dict(tables), key_sets, full, mp, backend.operator,
                               target.checkpoint_id)
             return _Snapshot(self, target, kinds, entries, None, None if full else base, full,
                              (rel, encoded))
         work = forked.start(functools.partial(
-            _write_file, os.path.join(target.root, rel), rel, dict(tables), key_sets, full, mp,
+            _write_file, target.storage, rel, dict(tables), key_sets, full, mp,
             backend.operator, target.checkpoint_id))
         return _Snapshot(self, target, kinds, entries, work, None if full else base, full)
 
@@ -198,8 +207,10 @@ class _Snapshot(KeyedSnapshot):
     def __init__(self, strategy: MemorySnapshotStrategy, target: SnapshotTarget,
                  kinds: dict[str, str], entries: int, work: forked.ChildWork | None,
                  base: _Chain | None, full: bool,
-                 encoded: tuple[str, _Encoded | None] | None = None) -> None:
+                 encoded: tuple[str, _Encoded | None] | None = None,
+                 streamed: _Streamed | None = None) -> None:
         self.encoded = encoded
+        self.streamed = streamed
         self.strategy = strategy
         self.target = target
         self.kinds = kinds
@@ -222,6 +233,16 @@ class _Snapshot(KeyedSnapshot):
                 chunks, index = encoded
                 h = await self.target.storage.write_file(rel, chunks)
                 written = (h.path, h.size, h.sha256, index)
+        elif self.streamed is not None:
+            rel, tmp, index = self.streamed
+            try:
+                h = await self.target.storage.seal(rel, tmp)
+            except BaseException:
+                _remove(tmp)
+                raise
+            finally:
+                self.streamed = None
+            written = (h.path, h.size, h.sha256, index)
         elif self.work is not None:
             written = await self.work.result()
             self.work = None
@@ -243,29 +264,67 @@ class _Snapshot(KeyedSnapshot):
         if self.work is not None:
             self.work.cancel()
             self.work = None
+        if self.streamed is not None:
+            _remove(self.streamed[1])
+            self.streamed = None
 
 
 _Encoded = tuple[list[bytes], dict[str, tuple[int, int]]]
+#: A file encoded under a temporary name: (its path relative to the storage
+#: root, the temporary file's absolute path, its frame index).
+_Streamed = tuple[str, str, dict[str, tuple[int, int]]]
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 _ABSENT: Any = object()
 _Written = tuple[str, int, str, dict[str, tuple[int, int]]]
 
 
-def _write_file(path: str, rel: str, tables: dict[str, dict[Any, Any]],
+def _write_file(storage: CheckpointStorage, rel: str, tables: dict[str, dict[Any, Any]],
                 key_sets: list[dict[str, Written]], full: bool,
                 max_parallelism: int, operator: str, checkpoint: int) -> _Written | None:
-    """The forked child's work: encode (see :func:`_encode`) and write the
-    file durably. ``None`` when there is nothing to write."""
-    encoded = _encode(tables, key_sets, full, max_parallelism, operator, checkpoint)
-    if encoded is None:
+    """The forked child's work: encode (see :func:`_encode`) straight into
+    a temporary file and make it durable as ``rel``. ``None`` when there is
+    nothing to write. (Streamed: the child's private memory does not grow
+    by the encoded snapshot, nor by a copy of it.)"""
+    streamed = _encode_to_file(storage, rel, tables, key_sets, full, max_parallelism,
+                               operator, checkpoint)
+    if streamed is None:
         return None
-    chunks, index = encoded
-    done = write_durably(path, chunks)
+    _, tmp, index = streamed
+    try:
+        done = seal_durably(tmp, os.path.join(storage.root, rel))
+    except BaseException:
+        _remove(tmp)
+        raise
     return rel, int(done["size"]), str(done["sha256"]), index
 
 
+def _encode_to_file(storage: CheckpointStorage, rel: str, tables: dict[str, dict[Any, Any]],
+                    key_sets: list[dict[str, Written]], full: bool, max_parallelism: int,
+                    operator: str, checkpoint: int) -> _Streamed | None:
+    """:func:`_encode` into a new temporary file next to ``rel``, for
+    :meth:`~eddyflow.state.storage.CheckpointStorage.seal`; ``None`` (and no
+    file) when there is nothing to write."""
+    tmp, out = storage.open_temp(rel)
+    try:
+        with out:
+            encoded = _encode(tables, key_sets, full, max_parallelism, operator, checkpoint,
+                              out)
+    except BaseException:
+        _remove(tmp)
+        raise
+    if encoded is None:
+        _remove(tmp)
+        return None
+    return rel, tmp, encoded[1]
+
+
 def _encode(tables: dict[str, dict[Any, Any]], key_sets: list[dict[str, Written]],
-            full: bool, max_parallelism: int, operator: str, checkpoint: int
-            ) -> _Encoded | None:
+            full: bool, max_parallelism: int, operator: str, checkpoint: int,
+            out: BinaryIO | None = None) -> _Encoded | None:
     """A snapshot's frames (ungrouped: see ``state/format.py``): every entry
     of ``tables`` (``full``), or the entries of the keys in ``key_sets``
     (written: their value; gone: deleted). ``None`` when there is nothing
@@ -307,7 +366,7 @@ def _encode(tables: dict[str, dict[Any, Any]], key_sets: list[dict[str, Written]
     if not columns and not whole:
         return None
     try:
-        return encode_chunks(columns, whole)
+        return encode_chunks(columns, whole, out)
     except Exception as exc:
         raise _unpicklable(exc, columns, whole, operator, checkpoint) from exc
 
