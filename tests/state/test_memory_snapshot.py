@@ -469,3 +469,27 @@ def test_a_streamed_snapshot_that_fails_or_is_cancelled_leaves_no_file(
     with pytest.raises(StateSerializationError, match="k50"):
         b.snapshot(SnapshotTarget(storage, 2, "run", 0, at_end=True))
     assert _files_under(tmp_path) == []
+
+
+def test_a_long_intervals_keys_are_folded_a_slice_per_batch() -> None:
+    """Past ``fold`` recorded keys, each batch recorded folds at most
+    ``fold_step`` keys (and whole batches) into ``keys``: the loop never
+    stops to fold a long interval at once, and nothing recorded is lost."""
+
+    class Small(Changes):
+        fold = 100
+        fold_step = 20
+
+    ch = Small(True)
+    added: set[int] = set()
+    for i in range(60):
+        batch = [(i * 7 + j) % 150 for j in range(7)]
+        before = len(ch.keys or {}), ch._batched
+        ch.add_batch(batch)
+        added.update(batch)
+        folded_now = before[1] + len(batch) - ch._batched
+        assert folded_now <= Small.fold_step + len(batch)
+        assert ch._batched <= Small.fold + 2 * (Small.fold_step + len(batch))
+    keys, batches = ch.take()
+    assert set(keys) | {k for b in batches for k in b} == added
+    assert len(keys) > 0  # some were folded
