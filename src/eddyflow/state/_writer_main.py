@@ -76,28 +76,21 @@ def write_durably(path: str, chunks: Iterable[bytes], sync_before: Iterable[str]
     ``sync_after``. A crash leaves the old file or the new one. Returns the
     ``size`` and ``sha256`` written. (The one write sequence of checkpoint
     files: eddyflow.state.storage calls it too when it writes in-process.)"""
-    for d in sync_before:
-        if os.path.isdir(d):
-            fsync_dir(d)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = temp_name(path)
-    digest = hashlib.sha256()
-    size = 0
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
+
+    def write(fd: int) -> tuple[int, Any]:
+        digest = hashlib.sha256()
+        size = 0
         for chunk in chunks:
             digest.update(chunk)
             size += len(chunk)
             view = memoryview(chunk)
             while view:
                 view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    for d in sync_after:
-        fsync_dir(d)
-    return {"size": size, "sha256": digest.hexdigest()}
+        return size, digest
+
+    return _make_durable(temp_name(path), path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, write,
+                         sync_before, sync_after)
 
 
 def temp_name(path: str) -> str:
@@ -111,18 +104,30 @@ def seal_durably(tmp: str, path: str, sync_before: Iterable[str] = (),
     """:func:`write_durably` for a file another process wrote in full under
     the temporary name ``tmp`` (streamed there as it was encoded, so that
     its bytes never had to exist in memory at once nor go through a pipe):
-    fsync the folders ``sync_before``, read it back for its size and
-    SHA-256, fsync it, rename it over ``path``, fsync ``sync_after``."""
-    for d in sync_before:
-        if os.path.isdir(d):
-            fsync_dir(d)
-    digest = hashlib.sha256()
-    size = 0
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
+    its size and SHA-256 are read back from it."""
+
+    def read(fd: int) -> tuple[int, Any]:
+        digest = hashlib.sha256()
+        size = 0
         while chunk := os.read(fd, 1 << 20):
             digest.update(chunk)
             size += len(chunk)
+        return size, digest
+
+    return _make_durable(tmp, path, os.O_RDONLY, read, sync_before, sync_after)
+
+
+def _make_durable(tmp: str, path: str, flags: int, fill: Callable[[int], tuple[int, Any]],
+                  sync_before: Iterable[str], sync_after: Iterable[str]) -> dict[str, Any]:
+    """Fsync the existing folders ``sync_before``; open ``tmp`` with
+    ``flags`` and let ``fill`` write or read it (its size and digest); fsync
+    it, rename it over ``path``, fsync the folders ``sync_after``."""
+    for d in sync_before:
+        if os.path.isdir(d):
+            fsync_dir(d)
+    fd = os.open(tmp, flags, 0o644)
+    try:
+        size, digest = fill(fd)
         os.fsync(fd)
     finally:
         os.close(fd)
