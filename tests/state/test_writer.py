@@ -252,3 +252,18 @@ def test_the_helper_widens_its_request_pipe(tmp_path: Path) -> None:
     finally:
         os.close(r)
         os.close(w)
+
+
+def test_a_failed_durable_write_or_seal_leaves_no_temporary(tmp_path: Path) -> None:
+    """Whether the helper or the job wrote the temporary file, a failure
+    before the rename removes it and reports the error."""
+    target = tmp_path / "taken"
+    (target / "inside").mkdir(parents=True)  # a folder: nothing can be renamed over it
+    tmp = _writer_main.temp_name(str(target))
+    with open(tmp, "wb") as f:
+        f.write(b"streamed")
+    with pytest.raises(OSError):
+        _writer_main.seal_durably(tmp, str(target))
+    with pytest.raises(OSError):
+        _writer_main.write_durably(str(target), [b"written"])
+    assert sorted(os.listdir(tmp_path)) == ["taken"]

@@ -121,17 +121,24 @@ def _make_durable(tmp: str, path: str, flags: int, fill: Callable[[int], tuple[i
                   sync_before: Iterable[str], sync_after: Iterable[str]) -> dict[str, Any]:
     """Fsync the existing folders ``sync_before``; open ``tmp`` with
     ``flags`` and let ``fill`` write or read it (its size and digest); fsync
-    it, rename it over ``path``, fsync the folders ``sync_after``."""
-    for d in sync_before:
-        if os.path.isdir(d):
-            fsync_dir(d)
-    fd = os.open(tmp, flags, 0o644)
+    it, rename it over ``path``, fsync the folders ``sync_after``. If that
+    fails before the rename, ``tmp`` is removed: no temporary is left
+    behind, whoever wrote it."""
     try:
-        size, digest = fill(fd)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        for d in sync_before:
+            if os.path.isdir(d):
+                fsync_dir(d)
+        fd = os.open(tmp, flags, 0o644)
+        try:
+            size, digest = fill(fd)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):  # (the first error is the one to report)
+            os.unlink(tmp)
+        raise
     for d in sync_after:
         fsync_dir(d)
     return {"size": size, "sha256": digest.hexdigest()}

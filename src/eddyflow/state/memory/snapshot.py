@@ -175,7 +175,7 @@ class MemorySnapshotStrategy:
                                        backend.operator, target.checkpoint_id)
             return _Snapshot(self, target, kinds, entries, None, None if full else base, full,
                              streamed=streamed)
-        if size <= _INLINE or not forked.ENABLED or target.at_end:
+        if size <= _INLINE or not forked.ENABLED:
             # Small: serialised here, at the barrier (cheaper than a fork),
             # and written by the job's writer process.
             encoded = _encode(dict(tables), key_sets, full, mp, backend.operator,
@@ -273,13 +273,13 @@ _Encoded = tuple[list[bytes], dict[str, tuple[int, int]]]
 #: A file encoded under a temporary name: (its path relative to the storage
 #: root, the temporary file's absolute path, its frame index).
 _Streamed = tuple[str, str, dict[str, tuple[int, int]]]
+_ABSENT: Any = object()
+_Written = tuple[str, int, str, dict[str, tuple[int, int]]]
 
 
 def _remove(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-_ABSENT: Any = object()
-_Written = tuple[str, int, str, dict[str, tuple[int, int]]]
 
 
 def _write_file(storage: CheckpointStorage, rel: str, tables: dict[str, dict[Any, Any]],
@@ -294,11 +294,7 @@ def _write_file(storage: CheckpointStorage, rel: str, tables: dict[str, dict[Any
     if streamed is None:
         return None
     _, tmp, index = streamed
-    try:
-        done = seal_durably(tmp, os.path.join(storage.root, rel))
-    except BaseException:
-        _remove(tmp)
-        raise
+    done = seal_durably(tmp, os.path.join(storage.root, rel))
     return rel, int(done["size"]), str(done["sha256"]), index
 
 
