@@ -392,6 +392,16 @@ def _batch_of(deferred: list[tuple[ValueTable, list[Any], list[Any]]],
     return batch
 
 
+def _ingest_moved(db: Any, path: str) -> None:
+    """Ingest the SST file ``path`` into ``db``, moving it (a hard link:
+    no copy; the file is RocksDB's afterwards)."""
+    from rocksdict import IngestExternalFileOptions
+
+    opts = IngestExternalFileOptions()
+    opts.set_move_files(True)
+    db.ingest_external_file([path], opts)
+
+
 AnyTable = ValueTable | MapTable | ListTable
 
 
@@ -595,19 +605,14 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         lock): its cleared ranges, then its files, each on its own (the
         parent's and the child's files may overlap in key range; their rows
         never do)."""
-        from rocksdict import IngestExternalFileOptions
-
         db = self._instance.db
         if flush.cleared:
             batch = new_batch()
             for lower, upper in flush.cleared:
                 batch.delete_range(lower, upper)
             db.write(batch)
-        files = [*flush.inline, *([flush.sst] if child else [])]
-        for f in files:
-            opts = IngestExternalFileOptions()
-            opts.set_move_files(True)
-            db.ingest_external_file([f], opts)
+        for f in [*flush.inline, *([flush.sst] if child else [])]:
+            _ingest_moved(db, f)
         flush.ingested = True
 
     def _ingest_now(self, flush: _Flush) -> None:
@@ -715,14 +720,14 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         through :meth:`restore`."""
         if base_kind(kind) in ("map", "list") or has_ttl(kind) or not entries:
             return super().bulk_load(name, kind, entries)
-        from rocksdict import IngestExternalFileOptions, Options, SstFileWriter
+        from rocksdict import Options, SstFileWriter
 
         self._was_restored()
         self.declare(name, kind)
         self._not_fresh()
         keys = list(entries)
         rows = StatePrefix(name, self.max_parallelism).prefixes(keys)
-        order = sorted(range(len(rows)), key=rows.__getitem__)
+        order = sort_order(rows)
         dumps = self.factory.serializer.dumps
         path = os.path.join(self._instance.folder, f"bulk-{name}.sst")
         writer = SstFileWriter(Options(raw_mode=True))
@@ -734,10 +739,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             raise_state_error(exc, entries.items(), operator=self.operator, state=name,
                               dumps=dumps)
         writer.finish()
-        opts = IngestExternalFileOptions()
-        opts.set_move_files(True)
         with self._store.lock:
-            self._instance.db.ingest_external_file([path], opts)
+            _ingest_moved(self._instance.db, path)
         return len(keys)
 
     def _flush_and_forget(self) -> None:
