@@ -174,11 +174,6 @@ def _bootstrap(spark: Any, df: Any, *, job: str | os.PathLike[str], operator: st
     t0 = time.time()
     env_options: dict[str, Any] = {} if parallelism is None else {"parallelism": parallelism}
     env, module = build_environment(job, **env_options)
-    # User functions (key_fn, value_fn) and the job's reach the executors
-    # as validate's do.
-    from eddyflow.offline.validate import _by_value
-
-    _by_value(module)
     plan: ExecutionPlan = env.plan()
     node = _keyed_node(plan, operator, job)
     p = plan.parallelism[node.id]
@@ -201,6 +196,7 @@ def _bootstrap(spark: Any, df: Any, *, job: str | os.PathLike[str], operator: st
     serializer = getattr(env.state_backend, "serializer", None) if backend_name == "rocksdb" \
         else None
     positions = _initial_positions(plan)
+    # (Also how user functions, key_fn and value_fn, and the job's reach them.)
     ship_to_executors(spark, job=module, rocksdb=backend_name == "rocksdb")
 
     storage = CheckpointStorage(directory)

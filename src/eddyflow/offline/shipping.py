@@ -18,8 +18,9 @@ user built on any master, executors without eddyflow:
   where another version is installed.
 * **The job's modules** (``job=``) — the modules the job file imported from
   its folder (helpers beside it, packages under it), as a zip. The job file
-  itself travels by value with its functions (cloudpickle), so executors
-  never run its top-level code. Third-party packages the job imports are
+  itself travels by value with its functions (cloudpickle: it and the
+  modules beside it are registered by value), so executors never run its
+  top-level code. Third-party packages the job imports are
   not shipped: they must be installed on the executors.
 * **rocksdict** (binary; only for a checkpoint with RocksDB state) — a zip
   of the driver's installed package, given with ``addFile`` (Python cannot
@@ -115,7 +116,9 @@ def ship_to_executors(spark: Any, job: str | os.PathLike[str] | ModuleType | Non
                      f" with {', '.join(bundle.extras)}" if bundle.extras else "",
                      sc.applicationId, os.path.basename(bundle.path), bundle.size // 1024)
         if job is not None:
-            jobs = _job_bundle(_job_module(job))
+            module = _job_module(job)
+            _register_by_value(module)
+            jobs = _job_bundle(module)
             if jobs is not None and f"job:{os.path.basename(jobs.path)}" not in done:
                 sc.addPyFile(jobs.path)
                 done.add(f"job:{os.path.basename(jobs.path)}")
@@ -135,6 +138,24 @@ def ship_to_executors(spark: Any, job: str | os.PathLike[str] | ModuleType | Non
                          _ext_suffix(), sc.applicationId, os.path.basename(native.path),
                          native.size // 1024)
             done.add("native:rocksdict")
+
+
+def _register_by_value(module: ModuleType | None) -> None:
+    """Have cloudpickle ship the job module, and the modules its folder
+    holds, by value (in this process: every call, whatever was shipped)."""
+    if module is None or not getattr(module, "__file__", None):
+        return
+    from pyspark import cloudpickle
+
+    folder = os.path.dirname(os.path.abspath(module.__file__ or ""))
+    for name, mod in list(sys.modules.items()):
+        path = getattr(mod, "__file__", None)
+        if mod is module or (path and os.path.dirname(os.path.abspath(path)) == folder
+                             and not name.startswith("eddyflow")):
+            # A module not importable by name (a job run as __main__) is
+            # pickled by value anyway.
+            with contextlib.suppress(ValueError):
+                cloudpickle.register_pickle_by_value(mod)  # type: ignore[no-untyped-call]
 
 
 def _job_module(job: str | os.PathLike[str] | ModuleType) -> ModuleType | None:

@@ -35,11 +35,9 @@ installed.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
-import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,21 +102,6 @@ class ValidationReport:
     def first_mismatches(self, n: int = 20) -> list[tuple[Any, ...]]:
         rows = self.mismatches.orderBy("operator", "state", "key").limit(n).collect()
         return [tuple(r) for r in rows]
-
-
-def _by_value(module: Any) -> None:
-    """Ship the job module, and the modules its folder holds, by value."""
-    from pyspark import cloudpickle
-
-    folder = os.path.dirname(os.path.abspath(module.__file__))
-    for name, mod in list(sys.modules.items()):
-        path = getattr(mod, "__file__", None)
-        if mod is module or (path and os.path.dirname(os.path.abspath(path)) == folder
-                             and not name.startswith("eddyflow")):
-            # A module not importable by name (a job run as __main__) is
-            # pickled by value anyway.
-            with contextlib.suppress(ValueError):
-                cloudpickle.register_pickle_by_value(mod)  # type: ignore[no-untyped-call]
 
 
 def _replay(source: Any, uid: str, node_id: int, parallelism: int,
@@ -206,7 +189,6 @@ def _validate(spark: Any, chk: str | os.PathLike[str] | CheckpointRef, *,
     sc = spark.sparkContext
     env, module = build_environment(job)
     ship_to_executors(spark, job=module, checkpoint=ref)
-    _by_value(module)
     meta_ops = ref.meta.operators
     plan: ExecutionPlan = env.plan()
     mp = ref.meta.max_parallelism
