@@ -153,13 +153,6 @@ def _sst_files(kf: KeyedFile) -> frozenset[FileHandle]:
     return frozenset(h for name, h in kf.handle.db_files if name.endswith(".sst"))
 
 
-def _groups(kf: KeyedFile) -> range | None:
-    """The key groups a subtask owned (``None``: unknown, metadata format 1)."""
-    if kf.handle is None or not len(kf.handle.key_groups):
-        return None
-    return kf.handle.key_groups
-
-
 def _same_state(a: KeyedFile, b: KeyedFile) -> bool:
     """Both hold the same files: the same entries, nothing to read."""
     assert a.handle is not None and b.handle is not None
@@ -210,15 +203,15 @@ def _keyed_operators(ref: CheckpointRef) -> set[str]:
 def _plan_operator(op: str, a_files: list[KeyedFile], b_files: list[KeyedFile], exact: bool,
                    deltas: list[DeltaUnit], diffs: list[DiffUnit]) -> int:
     """Plan one operator's units; returns how many subtasks are unchanged."""
-    if any(_groups(kf) is None for kf in (*a_files, *b_files)):
+    if any(kf.key_groups is None for kf in (*a_files, *b_files)):
         # Key groups unknown (metadata format 1): one diff of it all.
         diffs.append(DiffUnit(op, tuple(b_files), tuple(a_files), None))
         return 0
     unchanged = 0
     for kb in b_files:
-        rb = _groups(kb)
+        rb = kb.key_groups
         assert rb is not None
-        twin = next((ka for ka in a_files if _groups(ka) == rb), None)
+        twin = next((ka for ka in a_files if ka.key_groups == rb), None)
         if twin is not None:
             if _same_state(twin, kb):
                 unchanged += 1
@@ -227,13 +220,13 @@ def _plan_operator(op: str, a_files: list[KeyedFile], b_files: list[KeyedFile], 
             if new is not None:
                 deltas.append(DeltaUnit(op, kb, new, twin if exact else None))
                 continue
-        start = tuple(ka for ka in a_files if _overlaps(_groups(ka) or rb, rb))
+        start = tuple(ka for ka in a_files if _overlaps(ka.key_groups or rb, rb))
         diffs.append(DiffUnit(op, (kb,), start, (rb,)))
     # Key groups the start held and the end has no subtask for (an operator
     # gone, or its state with it): all deleted.
-    covered = [_groups(kb) or range(0) for kb in b_files]
+    covered = [kb.key_groups or range(0) for kb in b_files]
     for ka in a_files:
-        ra = _groups(ka)
+        ra = ka.key_groups
         assert ra is not None
         left = _minus(ra, covered)
         if left:
@@ -287,7 +280,7 @@ def _delta_entries(unit: DeltaUnit) -> dict[tuple[str, Any], tuple[int, Any]]:
     verified: ``(state, key) -> (key group, value or DELETED)``."""
     kf = unit.end
     storage = CheckpointStorage(kf.root)
-    owner = _groups(kf)
+    owner = kf.key_groups
     last: dict[tuple[str, Any], tuple[int, Any]] = {}
     for f in unit.files:
         storage.verify_file(f.handle)

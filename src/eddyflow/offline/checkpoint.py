@@ -89,6 +89,14 @@ class KeyedFile:
     #: The whole handle (a RocksDB one is read as a database, not as files).
     handle: KeyedStateHandle | None = None
 
+    @property
+    def key_groups(self) -> range | None:
+        """The key groups the subtask owned (``None``: unknown, metadata
+        format 1)."""
+        if self.handle is None or not len(self.handle.key_groups):
+            return None
+        return self.handle.key_groups
+
 
 def keyed_files(ref: CheckpointRef, operator: str | None = None) -> list[KeyedFile]:
     """The keyed state of ``operator`` by subtask (every operator if ``None``)."""
@@ -122,7 +130,7 @@ def read_keyed_file(kf: KeyedFile, key_groups: range | None = None
         return
     storage = CheckpointStorage(kf.root)
     state: dict[str, dict[Any, tuple[int, Any]]] = {}
-    owner = kf.handle.key_groups if kf.handle is not None and len(kf.handle.key_groups) else None
+    owner = kf.key_groups
     for f in kf.files:
         storage.verify_file(f.handle)
         for kg, name, key, value in f.entries(kf.root, key_groups=key_groups, owner=owner,
