@@ -51,10 +51,8 @@ import contextlib
 import itertools
 import logging
 import os
-import pickle
 import secrets
 import shutil
-import struct
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -76,7 +74,7 @@ from eddyflow.runtime.timers import TIMERS_STATE
 from eddyflow.runtime.windows import WINDOW_STATE
 from eddyflow.state._writer_main import write_durably
 from eddyflow.state.abc import KeyedStateHandle, SnapshotTarget, StateFile
-from eddyflow.state.format import CHUNK
+from eddyflow.state.format import CHUNK, Frames
 from eddyflow.state.lock import FolderLock
 from eddyflow.state.memory.backend import MemoryStateBackend
 from eddyflow.state.metadata import (
@@ -98,9 +96,6 @@ BACKENDS = ("memory", "rocksdb")
 #: The kinds of state whose value per key a row can give as it is: a value
 #: (or a reduce's running value), a map as a ``dict``, a list as a ``list``.
 _KINDS = ("value", "reducing", "map", "list")
-_LEN = struct.Struct(">Q")
-#: The key group of an ungrouped frame (``state/format.py``).
-_UNGROUPED = -1
 #: Subtask of the shuffle's records that carry an input file's handle.
 _INPUT_MARK = -1
 
@@ -518,9 +513,7 @@ class _RecordInput:
         t = self.target
         p, mp = t.parallelism, t.max_parallelism
         owner = [subtask_for_key_group(kg, mp, p) for kg in range(mp)]
-        frames: list[bytes] = []
-        frame_index: dict[str, tuple[int, int]] = {}
-        offset = 0
+        frames = Frames()
         count = 0
         it = iter(rows)
         while True:
@@ -535,12 +528,7 @@ class _RecordInput:
                                      "with key_fn)") from None
             # Pickled now: what the shuffle does with the objects after
             # cannot change what was recorded.
-            body = pickle.dumps((_UNGROUPED, "delta", [(t.state, keys, vals, [])]),
-                                protocol=pickle.HIGHEST_PROTOCOL)
-            frame = _LEN.pack(len(body)) + body
-            frame_index[str(len(frame_index))] = (offset, len(frame))
-            offset += len(frame)
-            frames.append(frame)
+            frames.add_columns(t.state, keys, vals, [])
             count += len(keys)
             if p == 1:
                 yield 0, (keys, vals)
@@ -557,9 +545,9 @@ class _RecordInput:
             return  # an empty partition records nothing
         rel = (f"{checkpoint_dir_name(t.checkpoint_id)}/bootstrap/"
                f"{t.operator}-{t.state}-{index}-{_attempt()}")
-        done = write_durably(os.path.join(t.root, rel), frames)
+        done = write_durably(os.path.join(t.root, rel), frames.chunks)
         handle = FileHandle(rel, int(done["size"]), str(done["sha256"]))
-        yield _INPUT_MARK, (index, StateFile(handle, frame_index, True, grouped=False).to_json(),
+        yield _INPUT_MARK, (index, StateFile(handle, frames.index, True, grouped=False).to_json(),
                             count)
 
 

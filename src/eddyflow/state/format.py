@@ -32,8 +32,8 @@ from eddyflow.keygroups import key_groups_of
 from eddyflow.state.storage import CheckpointCorrupted
 from eddyflow.values import SCALARS
 
-__all__ = ["CHUNK", "DELETED", "FrameIndex", "apply_entries", "decode_frame", "encode_chunks",
-           "encode_frames", "read_key_groups", "read_state_file"]
+__all__ = ["CHUNK", "DELETED", "FrameIndex", "Frames", "apply_entries", "decode_frame",
+           "encode_chunks", "encode_frames", "read_key_groups", "read_state_file"]
 
 #: str(key group) -> (offset, length) of its frame (lists once read back from JSON)
 FrameIndex = dict[str, tuple[int, int]]
@@ -65,7 +65,7 @@ class _Deleted:
 DELETED: Any = _Deleted()
 
 
-class _Frames:
+class Frames:
     """A file's frames as they are encoded, and their index: kept as chunks
     in memory, or written to ``out`` as they come."""
 
@@ -101,6 +101,19 @@ class _Frames:
         os.pwrite(out.fileno(), _LEN.pack(end - start - _LEN.size), start)
         self._note(name, end - start)
 
+    def add_columns(self, name: str, keys: list[Any], values: list[Any],
+                    deleted: list[Any]) -> None:
+        """State ``name``'s keys and values written and keys deleted, in
+        frames of up to ``CHUNK`` entries (``(-1, "delta", [(name, keys,
+        values, deleted)])``), named by their number in the file."""
+        parts: list[tuple[list[Any], list[Any], list[Any]]] = [
+            (keys[i:i + CHUNK], values[i:i + CHUNK], []) for i in range(0, len(keys), CHUNK)]
+        parts += [([], [], deleted[i:i + CHUNK]) for i in range(0, len(deleted), CHUNK)]
+        for ks, vs, ds in parts:
+            self.add(str(len(self.index)),
+                     _dumps((UNGROUPED, _DELTA, [(name, ks, vs, ds)]),
+                            fast=set(map(type, vs)) <= SCALARS))
+
     def _note(self, name: str, length: int) -> None:
         # A tuple of ints, unlike a list, is untracked by the collector.
         self.index[name] = (self._offset, length)
@@ -109,13 +122,11 @@ class _Frames:
 
 def encode_frames(columns: Columns) -> tuple[list[bytes], FrameIndex]:
     """The frames of a file, key group by key group, and their index."""
-    frames = _Frames()
+    frames = Frames()
     for kg in sorted(columns):
         frames.add(str(kg), pickle.dumps((kg, _DELTA, columns[kg]),
                                          protocol=pickle.HIGHEST_PROTOCOL))
     return frames.chunks, frames.index
-
-
 
 
 def _dumps(obj: Any, fast: bool) -> bytes:
@@ -144,17 +155,11 @@ def encode_chunks(tables: list[tuple[str, list[Any], list[Any], list[Any]]],
     order). Indexed by frame number. With ``out`` (a new file, at its
     start) the frames are written there as they are encoded and no chunks
     are returned."""
-    frames = _Frames(out)
+    frames = Frames(out)
     for name, table in whole:
         frames.add_pickle(str(len(frames.index)), (UNGROUPED, _TABLE, name, table), fast=True)
     for name, keys, values, deleted in tables:
-        parts: list[tuple[list[Any], list[Any], list[Any]]] = [
-            (keys[i:i + CHUNK], values[i:i + CHUNK], []) for i in range(0, len(keys), CHUNK)]
-        parts += [([], [], deleted[i:i + CHUNK]) for i in range(0, len(deleted), CHUNK)]
-        for ks, vs, ds in parts:
-            frames.add(str(len(frames.index)),
-                       _dumps((UNGROUPED, _DELTA, [(name, ks, vs, ds)]),
-                              fast=set(map(type, vs)) <= SCALARS))
+        frames.add_columns(name, keys, values, deleted)
     return frames.chunks, frames.index
 
 
