@@ -6,16 +6,16 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all test-cluster lint bench bench-all clean
+.PHONY: demo test test-all test-cluster lint docs bench bench-all clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,spark]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,spark,docs]'
 	touch $(STAMP)
 
 $(VENV)/.bench: $(STAMP)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,spark,bench]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,spark,docs,bench]'
 	touch $(VENV)/.bench
 
 demo: $(STAMP)
@@ -26,10 +26,15 @@ lint: $(STAMP)
 	$(PY) -m ruff check src tests examples benchmarks
 	$(PY) -m mypy
 
-test: lint
+# The documentation site (mkdocs.yml) into site/; --strict fails on any warning
+# (a broken link or anchor, a docstring mkdocstrings cannot render).
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --quiet
+
+test: lint docs
 	$(PY) -m pytest -q -m "not slow"
 
-test-all: lint
+test-all: lint docs
 	$(PY) -m pytest -q
 
 # Only the tests on the local Spark standalone cluster (also part of `test`).
@@ -48,4 +53,4 @@ bench-all: $(VENV)/.bench
 	$(PY) benchmarks/windows.py
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build site src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,6 +1,6 @@
 """eddyflow: exactly-once stream processing on asyncio.
 
-The public API (API.md) is re-exported here: ``import eddyflow as ef``.
+The public API (docs/reference/) is re-exported here: ``import eddyflow as ef``.
 """
 
 from eddyflow import testing

@@ -1,5 +1,5 @@
 """``ef.list_checkpoints``: the completed, retained checkpoints of a
-checkpoint directory with their statistics (API.md, Checkpoint statistics)."""
+checkpoint directory with their statistics (docs/operations.md)."""
 
 from __future__ import annotations
 

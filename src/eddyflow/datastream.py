@@ -1,4 +1,4 @@
-"""The DataStream API (API.md): ``DataStream`` and ``KeyedStream``.
+"""The DataStream API: ``DataStream`` and ``KeyedStream``.
 
 A stream is a handle on the outputs of one or more operators together with
 how the next operator reads them (its partitioning); every transformation
@@ -328,7 +328,7 @@ class KeyedStream(DataStream):
 
 class WindowedStream:
     """``key_by(...).window(assigner)``: set ``allowed_lateness`` and
-    ``side_output_late_data``, then apply the window function (API.md)."""
+    ``side_output_late_data``, then apply the window function."""
 
     def __init__(self, keyed: KeyedStream, assigner: WindowAssigner) -> None:
         self._keyed_stream = keyed

@@ -1,7 +1,7 @@
 """Key groups: the stable mapping ``key -> hash -> key group -> subtask``.
 
 Keyed state is partitioned into ``max_parallelism`` key groups, the unit of
-state redistribution (DESIGN.md §4). The hash must give the same answer in
+state redistribution (docs/concepts/checkpoints.md, Recovery). The hash must give the same answer in
 every process, so Python's ``hash()`` (salted per process for ``str`` and
 ``bytes``) is never used here; this module depends on nothing else in
 eddyflow, so the graph, the runtime and the state backends can all share it.

@@ -1,5 +1,5 @@
 """Restart strategies: how often and how soon a failed job restarts
-in-process from its latest complete checkpoint (DESIGN.md §4)."""
+in-process from its latest complete checkpoint (docs/concepts/checkpoints.md, Recovery)."""
 
 from __future__ import annotations
 

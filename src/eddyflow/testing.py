@@ -1,4 +1,4 @@
-"""Testing helpers (API.md): ``FailingMap``, ``ManualClock`` (processing
+"""Testing helpers: ``FailingMap``, ``ManualClock`` (processing
 time that moves only on ``advance``) and the fault-injection points.
 
 ``FailingMap`` is an identity function that raises :class:`InjectedFailure`

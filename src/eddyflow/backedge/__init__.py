@@ -1,4 +1,4 @@
-"""Back-edges of cyclic jobs (DESIGN.md §3): the feedback channel that always
+"""Back-edges of cyclic jobs (docs/concepts/cycles.md): the feedback channel that always
 accepts (spilling to disk past a memory bound) and the back-edge log that
 holds the records in flight round a loop at a checkpoint."""
 

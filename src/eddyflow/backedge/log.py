@@ -2,7 +2,7 @@
 between its snapshot for checkpoint ``n`` and barrier ``n``'s return round
 the loop. They were produced inside the loop before the barrier passed and
 are in no operator's state yet, so they are the channel state of the
-back-edges, part of checkpoint ``n`` (DESIGN.md §3, steps 3-4).
+back-edges, part of checkpoint ``n`` (docs/concepts/cycles.md, steps 3-4).
 
 A batch is pickled the moment it is logged, before the head passes its
 records on: the loop body may change them in place afterwards, and the log

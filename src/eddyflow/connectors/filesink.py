@@ -1,6 +1,6 @@
 """``FileSink``: exactly-once JSON Lines files.
 
-Layout inside the sink's folder (API.md): committed data is exactly the files
+Layout inside the sink's folder (docs/connectors.md): committed data is exactly the files
 named ``part-*``; a transaction in progress is ``.part-*.inprogress``, a
 prepared one ``.part-*.pending``; readers ignore names that begin with ``.``
 or ``_``. Preparing fsyncs and renames in-progress to pending; committing

@@ -1,11 +1,11 @@
 """The sink protocol, and the in-memory and print sinks.
 
-Exactly-once output is a two-phase commit driven by checkpoints (DESIGN.md
-§4): a writer appends records to a pending transaction; on a barrier it
-*prepares* it and returns a JSON-serialisable *committable*; when the
-checkpoint completes the sink *commits* the committables, idempotently, since
-recovery commits again what a restored checkpoint recorded. The end of a
-bounded input acts as a final checkpoint.
+Exactly-once output is a two-phase commit driven by checkpoints
+(docs/connectors.md, Writing a sink): a writer appends records to a pending
+transaction; on a barrier it *prepares* it and returns a JSON-serialisable
+*committable*; when the checkpoint completes the sink *commits* the
+committables, idempotently, since recovery commits again what a restored
+checkpoint recorded. The end of a bounded input acts as a final checkpoint.
 """
 
 from __future__ import annotations

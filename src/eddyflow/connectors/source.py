@@ -3,7 +3,7 @@
 A :class:`Source` describes where records come from; each parallel source
 subtask gets its own :class:`SourceReader`, which reads batches from a
 *position*, reports the position of its next record (the source's state in a
-checkpoint: DESIGN.md §2 step 1) and seeks back to a restored one. Positions
+checkpoint: docs/concepts/checkpoints.md, step 1) and seeks back to a restored one. Positions
 must be JSON-serialisable, because they are written into checkpoint metadata.
 """
 

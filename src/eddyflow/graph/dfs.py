@@ -1,6 +1,6 @@
 """Depth-first classification of the edges of a directed graph.
 
-ABS on cyclic graphs (DESIGN.md §3) aligns barriers on the graph without its
+ABS on cyclic graphs (docs/concepts/cycles.md) aligns barriers on the graph without its
 back-edges; this pass finds them. It is the textbook DFS edge classification
 (tree, forward, cross, back), run iteratively so that deep graphs do not hit
 Python's recursion limit, and deterministic: roots and successors are visited

@@ -2,7 +2,7 @@
 instances each task has, and which exchanges (partitioned channels) connect
 the tasks.
 
-Chaining (DESIGN.md §7): consecutive operators joined by a forward edge with
+Chaining (docs/architecture/index.md): consecutive operators joined by a forward edge with
 equal parallelism run in one task and pass batches by plain function calls,
 never through a channel. With parallelism 1 on both sides every partitioning
 degenerates to forward (there is only one subtask to send to), so such edges

@@ -3,7 +3,7 @@
 A loop of a cyclic job is a strongly connected component with more than one
 vertex, or a vertex with a self-loop. Termination of a bounded iterative job
 is decided per component: it is empty when no record is in flight on any
-edge inside it (DESIGN.md §3, last paragraph). Nested loops fall into one
+edge inside it (docs/concepts/cycles.md, Termination). Nested loops fall into one
 component, which is what termination needs: the inner loop cannot end before
 the outer one stops feeding it.
 """

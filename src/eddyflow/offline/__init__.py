@@ -1,5 +1,5 @@
 """Offline reading, replay and validation of checkpoints on PySpark
-(DESIGN.md §8, API.md "Offline").
+(docs/offline.md).
 
 * ``read_metadata``, ``read_positions``, ``read_state``,
   ``read_backedge_log``, ``read_channel_state``: a checkpoint as

@@ -1,5 +1,5 @@
 """Checkpoints as Spark DataFrames: metadata, source positions, keyed state
-and back-edge logs — the State Processor API of eddyflow (API.md, Offline).
+and back-edge logs — the State Processor API of eddyflow (docs/offline.md).
 
 Reading is distributed: the driver reads only the (small) metadata; each
 Spark task reads and verifies one subtask's state file, i.e. that subtask's

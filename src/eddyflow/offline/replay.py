@@ -3,7 +3,7 @@
 A checkpoint records, for every source subtask, the position of the next
 record it would have read. Replaying the split from its beginning up to that
 position gives exactly the records whose effects the checkpoint's state must
-hold (DESIGN.md §8). Any replayable :class:`~eddyflow.connectors.Source`
+hold (docs/offline.md, Validation). Any replayable :class:`~eddyflow.connectors.Source`
 works: the split is read through its own reader, and the cut inside the last
 batch is found with ``SourceReader.position_of``; a reader that cannot tell
 record positions is read one record at a time.

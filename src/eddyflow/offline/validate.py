@@ -152,7 +152,7 @@ def _comparable(kind: str, value: Any) -> Any:
     replay can promise the streaming run's order (each channel's own order
     is kept, but not how channels interleave). A state with a TTL compares
     its values without their write times: those are processing time, which
-    no replay reproduces (nor which entries expired: see architecture.md)."""
+    no replay reproduces (nor which entries expired: see docs/architecture/state.md)."""
     if has_ttl(kind):
         value = unwrap(kind, value)
         kind = base_kind(kind)

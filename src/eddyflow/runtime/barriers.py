@@ -2,8 +2,8 @@
 in a checkpoint.
 
 ``exactly_once`` aligns: a task that has barrier ``n`` on one input blocks
-that input until ``n`` has come on all of them, then snapshots (DESIGN.md
-§2). ``at_least_once`` never blocks. ``synchronous`` aligns and stops the
+that input until ``n`` has come on all of them, then snapshots
+(docs/concepts/checkpoints.md). ``at_least_once`` never blocks. ``synchronous`` aligns and stops the
 sources until the checkpoint is complete (the baseline ABS is measured
 against). ``unaligned`` lets barriers overtake records: a task snapshots at
 the first barrier ``n``, and what the barrier overtook becomes the

@@ -14,11 +14,11 @@ An :class:`InputGate` multiplexes a task's input channels: it hands out the
 next item of any channel that has one and is not *blocked*. Blocking a
 channel stops reading it while its producer fills it up to its bound and then
 waits, which is how barrier alignment holds back post-barrier records without
-buffering them anywhere else (DESIGN.md §2, step 2). These are hand-made on
+buffering them anywhere else (docs/concepts/checkpoints.md, step 2). These are hand-made on
 asyncio futures rather than ``asyncio.Queue``s because an asyncio program has
 no way to wait on "whichever of these queues is ready" cheaply.
 
-Unaligned checkpoints (DESIGN.md §2, ``unaligned``) need two more things of a
+Unaligned checkpoints (docs/concepts/unaligned.md) need two more things of a
 channel. A *priority* item (an unaligned barrier) is put at the head of the
 queue, behind earlier priority items only, whatever the capacity: it
 overtakes the records queued, which :meth:`Channel.overtake` hands back as

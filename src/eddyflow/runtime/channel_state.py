@@ -1,7 +1,7 @@
 """Channel state: the records in flight on channels at a checkpoint.
 
 Two kinds of checkpoint record records that are in no operator's state yet
-(DESIGN.md §2-3): a loop head logs what comes back on its back-edges between
+(docs/concepts/cycles.md, unaligned.md): a loop head logs what comes back on its back-edges between
 its snapshot and the barrier's return round the loop, and an *unaligned*
 checkpoint records what its barrier overtook — on a task's inputs, what it
 consumed between its snapshot and the barrier's arrival on each of them; on

@@ -1,4 +1,4 @@
-"""The checkpoint coordinator (DESIGN.md §2, steps 1 and 5).
+"""The checkpoint coordinator (docs/concepts/checkpoints.md, ABS on a DAG, steps 1 and 5).
 
 It triggers checkpoint ``n`` every ``interval`` seconds by asking every
 source task to emit barrier ``n``, never with more than one periodic

@@ -89,7 +89,7 @@ END_OF_INPUT = EndOfInput()
 @dataclass(frozen=True, slots=True)
 class Barrier:
     """Checkpoint barrier ``checkpoint_id``: records before it belong to the
-    checkpoint's stage, records after it to the next (DESIGN.md §2)."""
+    checkpoint's stage, records after it to the next (docs/concepts/checkpoints.md)."""
 
     checkpoint_id: int
     timestamp: float

@@ -1,6 +1,6 @@
 """The job runner: turns an execution plan into channels and tasks and runs
 them under one anyio task group, so that a failing task cancels the others
-and no coroutine outlives the job (DESIGN.md §7).
+and no coroutine outlives the job.
 """
 
 from __future__ import annotations
@@ -293,7 +293,7 @@ class JobRunner:
                 "from an aligned checkpoint")
 
     async def _reinject_backedge_logs(self) -> None:
-        """Restore (DESIGN.md §3, step 4): the records logged on the back-edges
+        """Restore (docs/concepts/cycles.md, step 4): the records logged on the back-edges
         go back into the head's back-edge input before anything else."""
         restored = self.restore
         if restored is None:

@@ -1,4 +1,4 @@
-"""Loop termination by counting (DESIGN.md §3, last paragraph).
+"""Loop termination by counting (docs/concepts/cycles.md, Termination).
 
 A bounded iterative job ends when its sources are exhausted and no record is
 anywhere in any loop. Each loop (a strongly connected component of the plan)

@@ -748,7 +748,7 @@ class SourceSpec:
 
 
 class _SinkOperator(Operator):
-    """Two-phase commit (DESIGN.md §4): the barrier prepares the pending
+    """Two-phase commit (docs/connectors.md, Writing a sink): the barrier prepares the pending
     transaction; the coordinator commits what a completed checkpoint
     recorded. A prepared transaction whose checkpoint was aborted stays
     pending and rides along with the next checkpoint."""

@@ -1,6 +1,6 @@
 """Before a restore: take back sink output committed after the checkpoint.
 
-The rule (DESIGN.md §4, docs/architecture.md): a sink commits checkpoint
+The rule (docs/architecture/checkpoints.md, "No silent duplicates"): a sink commits checkpoint
 ``n`` only after it completed, so a restore from an earlier checkpoint ``k``
 — the latest no longer verifies, or an earlier one is restored on purpose —
 would produce the output of ``k+1 … n`` a second time. Before such a

@@ -7,7 +7,7 @@ or nothing is left to read. Output is flushed when the input runs dry or
 when the oldest buffered record is older than the buffer timeout, so a slow
 trickle still flows without a timer coroutine per task.
 
-Checkpoints (DESIGN.md §2): a source task emits barrier ``n`` between two
+Checkpoints (docs/concepts/checkpoints.md): a source task emits barrier ``n`` between two
 batches when the coordinator triggers it, recording its reader's position; a
 task with inputs aligns barrier ``n`` over its regular inputs (blocking each
 input that delivered it, in ``exactly_once`` and ``synchronous`` mode), then

@@ -5,7 +5,7 @@ strategy's timestamp and feeds it to the strategy's generator; the task emits
 the generator's watermark (``runtime/eventtime.py``). Chained right after a
 source at the same parallelism, one instance sees exactly one source split
 group (an ``ef.Log`` partition group, a text-file split): watermarks are then
-per split, as API.md says; elsewhere, per subtask of the operator.
+per split (docs/concepts/event-time.md); elsewhere, per subtask of the operator.
 
 The strategy is an ``ef.WatermarkStrategy`` (``windowing/watermarks.py``):
 the runtime reads its ``timestamp`` extractor (``record -> float`` seconds)

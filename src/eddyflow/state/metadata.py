@@ -1,4 +1,4 @@
-"""The typed model of a checkpoint's ``chk-<n>/_metadata`` (DESIGN.md §6).
+"""The typed model of a checkpoint's ``chk-<n>/_metadata`` (docs/concepts/checkpoints.md).
 
 The coordinator builds a :class:`CheckpointMetadata` once every task has
 acknowledged a checkpoint and writes its :meth:`~CheckpointMetadata.to_json`;

@@ -1,4 +1,4 @@
-"""Checkpoint storage on a local folder (DESIGN.md §6).
+"""Checkpoint storage on a local folder (docs/concepts/checkpoints.md, What a checkpoint holds).
 
 ```
 <dir>/

@@ -114,7 +114,7 @@ class BoundedOutOfOrdernessGenerator:
 
 @dataclass(frozen=True)
 class WatermarkStrategy:
-    """How records get timestamps and a split gets watermarks (API.md).
+    """How records get timestamps and a split gets watermarks.
 
     Immutable: ``with_idleness`` returns a new strategy, so one strategy
     object can be shared by several streams. Build one with
