@@ -46,8 +46,10 @@ from job_support import StateBackendFactory, keyed_backends, read_parts
 
 import eddyflow as ef
 from eddyflow.runtime import faults
+from eddyflow.state import forked
 from eddyflow.state import storage as storage_module
 from eddyflow.state import writer as writer_module
+from eddyflow.state.memory import snapshot as memory_snapshot
 
 N = 2000
 KEYS = 20
@@ -209,6 +211,41 @@ def test_failure_at_fault_point_gives_exactly_once_output(
     assert_exactly_once(sink.results)
     assert_per_key_order(sink.results)
     assert result.state("count") == FINAL_COUNTS
+
+
+@pytest.mark.skipif(not forked.ENABLED, reason="no fork() here")
+def test_forked_snapshots_sealed_by_the_writer_recover_exactly_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every memory snapshot by a forked child (small states are encoded at
+    the barrier, so this job's would not fork by themselves): the child
+    leaves its file under a temporary name, the writer process seals it,
+    and a restart from such checkpoints is exactly-once; no temporary is
+    left behind."""
+    monkeypatch.setattr(memory_snapshot, "_INLINE_SECONDS", 0.0)
+    children = 0
+    start = forked.start
+
+    def counted(fn: Any) -> forked.ChildWork:
+        nonlocal children
+        children += 1
+        return start(fn)
+
+    monkeypatch.setattr(forked, "start", counted)
+    directory = tmp_path / "chk"
+    env = make_env(directory, retained=20)
+    sink = ef.ListSink()
+    count_job(env, sink)
+    ef.testing.arm("snapshot.async_write", after=7, times=1)
+    result = run(env)
+    assert result.restarts == 1
+    assert children > 0
+    assert_exactly_once(sink.results)
+    assert_per_key_order(sink.results)
+    assert result.state("count") == FINAL_COUNTS
+    shared = os.listdir(directory / "shared")
+    assert shared and not [n for n in shared if ".tmp-" in n], shared
+    listed = ef.list_checkpoints(directory, verify=True)
+    assert listed and all(c.verified for c in listed), [c.problem for c in listed]
 
 
 def test_failure_between_precommit_and_commit_commits_on_recovery(

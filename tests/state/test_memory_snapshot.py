@@ -41,7 +41,7 @@ MP = 128
 def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """Every snapshot by a forked child, or every one serialised at the barrier."""
     monkeypatch.setattr(forked, "ENABLED", request.param == "fork")
-    monkeypatch.setattr(memory_snapshot, "_INLINE", 0 if request.param == "fork" else 1 << 30)
+    monkeypatch.setattr(memory_snapshot, "_INLINE_SECONDS", 0 if request.param == "fork" else 1e9)
     yield str(request.param)
 
 
@@ -427,7 +427,7 @@ def test_an_end_of_input_snapshot_is_streamed_into_its_file(tmp_path: Path, kind
     """At the end of the input a large snapshot is encoded straight into a
     temporary file and sealed (checksum read back, renamed): the same
     frames as one encoded in memory, and nothing left but the file."""
-    monkeypatch.setattr(memory_snapshot, "_INLINE", 10)
+    monkeypatch.setattr(memory_snapshot, "_INLINE_SECONDS", 0)
     b = make()
     vs = ValueState(b, "s")
     for i in range(5000):
@@ -454,7 +454,7 @@ def test_an_end_of_input_snapshot_is_streamed_into_its_file(tmp_path: Path, kind
 
 def test_a_streamed_snapshot_that_fails_or_is_cancelled_leaves_no_file(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(memory_snapshot, "_INLINE", 10)
+    monkeypatch.setattr(memory_snapshot, "_INLINE_SECONDS", 0)
     b = make()
     vs = ValueState(b, "s")
     for i in range(100):

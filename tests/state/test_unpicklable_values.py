@@ -44,7 +44,7 @@ def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Ite
     are taken at the barrier and written by the checkpoint's thread."""
     fork = request.param == "fork"
     monkeypatch.setattr(forked, "ENABLED", fork)
-    monkeypatch.setattr(memory_snapshot, "_INLINE", 0 if fork else 1 << 30)
+    monkeypatch.setattr(memory_snapshot, "_INLINE_SECONDS", 0 if fork else 1e9)
     if request.param != "few":
         monkeypatch.setattr(rocksdb_backend, "_INLINE", 0)
     yield str(request.param)

@@ -18,7 +18,7 @@ import pytest
 from eddyflow.state import _writer_main
 from eddyflow.state._writer_main import encode_request
 from eddyflow.state.storage import CheckpointStorage, FileHandle
-from eddyflow.state.writer import WriterProcess
+from eddyflow.state.writer import FileWrite, WriterProcess
 
 
 async def _started() -> WriterProcess:
@@ -84,6 +84,38 @@ def test_a_failed_write_raises_oserror_and_the_helper_goes_on(tmp_path: Path) ->
 
     anyio.run(go)
     assert (tmp_path / "ok").read_bytes() == b"fine"
+
+
+def test_a_batch_writes_in_order_in_one_round_trip_and_stops_at_a_failure(
+        tmp_path: Path) -> None:
+    """A batch's files are each written durably, in order, with their own
+    size and checksum; a failure raises and leaves the files after it
+    unwritten (a commit record never lands without the metadata before it)."""
+    (tmp_path / "file").write_text("not a folder")
+    first, second = os.urandom(3000), b"{}"
+
+    async def go() -> None:
+        w = await _started()
+        try:
+            got = await w.write_batch([
+                FileWrite(str(tmp_path / "chk-1" / "_metadata"), first,
+                          sync_after=[str(tmp_path / "chk-1"), str(tmp_path)]),
+                FileWrite(str(tmp_path / "_commits" / "chk-1.json"), second,
+                          sync_after=[str(tmp_path / "_commits")])])
+            assert got == [(len(d), hashlib.sha256(d).hexdigest()) for d in (first, second)]
+            with pytest.raises(OSError) as info:
+                await w.write_batch([FileWrite(str(tmp_path / "file" / "below"), b"x"),
+                                     FileWrite(str(tmp_path / "after"), b"y")])
+            assert info.value.errno is not None
+            assert await w.write_batch([]) == []
+        finally:
+            await w.aclose()
+
+    anyio.run(go)
+    assert (tmp_path / "chk-1" / "_metadata").read_bytes() == first
+    assert (tmp_path / "_commits" / "chk-1.json").read_bytes() == second
+    assert not (tmp_path / "after").exists()
+    assert sorted(os.listdir(tmp_path)) == ["_commits", "chk-1", "file"]  # no temporaries
 
 
 def test_remove_deletes_the_marker_first_then_the_tree(tmp_path: Path) -> None:

@@ -38,8 +38,8 @@ from eddyflow.runtime.events import Barrier
 from eddyflow.runtime.faults import fault_point
 from eddyflow.state.commits import (
     CommitRecord,
+    commit_record_write,
     remove_commit_records_before,
-    write_commit_record,
 )
 from eddyflow.state.metadata import (
     CheckpointGraph,
@@ -348,9 +348,19 @@ class CheckpointCoordinator:
     async def _write_and_commit(self, p: _Pending) -> None:
         fault_point("checkpoint.before_metadata")
         duration = time.monotonic() - p.started
+        by_sink = self._committables(p)
         if self.storage is not None:
             meta = self._metadata(p, duration)
-            await self.storage.write_metadata(p.id, meta.to_json())
+            writes = [self.storage.metadata_write(p.id, meta.to_json())]
+            if by_sink:
+                # Durable before any sink commits: a restore from an older
+                # checkpoint must find out what to take back, even if this
+                # checkpoint's _metadata is what gets lost. Written after the
+                # metadata, in the same round trip to the writer process.
+                writes.append(commit_record_write(self.storage, CommitRecord(
+                    p.id, self.lineage, {uid: tuple(c) for uid, c in by_sink.items()},
+                    base=self.base)))
+            await self.storage.write_all(writes)
             if self.registry is not None:
                 self.registry.register(p.id, (f.path for f in meta.files))
             self.completed.append(p.id)
@@ -364,14 +374,6 @@ class CheckpointCoordinator:
                 "channel_state_bytes": meta.channel_state_size,
             })
             log.info("checkpoint %d complete in %.3f s", p.id, duration)
-        by_sink = self._committables(p)
-        if self.storage is not None and by_sink:
-            # Durable before any sink commits: a restore from an older
-            # checkpoint must find out what to take back, even if this
-            # checkpoint's _metadata is what gets lost.
-            await write_commit_record(self.storage, CommitRecord(
-                p.id, self.lineage, {uid: tuple(c) for uid, c in by_sink.items()},
-                base=self.base))
         fault_point("sink.before_commit")
         for uid, committables in by_sink.items():
             self.sinks[uid].commit(committables)

@@ -15,6 +15,13 @@ and ``size`` payload bytes. Operations:
            back for its size and SHA-256, fsync it, rename it over ``path``.
 ``remove`` ``path`` (a folder), ``first`` (a file in it): unlink ``first``,
            then the folder's tree.
+``batch``  ``writes``, a list of ``write`` requests' ``path``, ``size``,
+           ``sync_before`` and ``sync_after``, their payloads one after the
+           other: each written as ``write`` does, in order, each durable
+           before the next begins (the first failure ends the batch);
+           answers ``results``, each write's ``size`` and ``sha256``. One
+           round trip for what must land in order (a checkpoint's metadata,
+           then its commit record).
 
 Every answer carries the request's ``id`` and ``ok``; a failure answers
 ``error`` and ``errno`` and the process goes on. It exits at the end of its
@@ -151,6 +158,21 @@ def remove(path: str, first: str) -> dict[str, Any]:
     return {}
 
 
+def write_batch(writes: Sequence[dict[str, Any]], payload: bytes) -> list[dict[str, Any]]:
+    """The ``batch`` operation: ``writes`` in order, their bytes cut from
+    ``payload`` by their sizes."""
+    if sum(int(w["size"]) for w in writes) != len(payload):
+        raise ValueError(f"a batch's payload of {len(payload)} bytes does not match its writes")
+    results = []
+    offset = 0
+    for w in writes:
+        end = offset + int(w["size"])
+        results.append(write_durably(w["path"], [payload[offset:end]],
+                                     w.get("sync_before", []), w.get("sync_after", [])))
+        offset = end
+    return results
+
+
 def read_exactly(stream: IO[bytes], n: int) -> bytes | None:
     parts = []
     while n:
@@ -187,6 +209,8 @@ def serve(requests: IO[bytes], answers: IO[bytes], parent: int) -> None:
                                        header.get("sync_after", []))
             elif op == "remove":
                 answer |= remove(header["path"], header["first"])
+            elif op == "batch":
+                answer["results"] = write_batch(header["writes"], payload)
             else:
                 raise ValueError(f"unknown operation {op!r}")
         except OSError as exc:

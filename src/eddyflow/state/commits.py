@@ -32,12 +32,14 @@ from typing import Any
 
 from eddyflow.state._writer_main import write_durably
 from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage
+from eddyflow.state.writer import FileWrite
 
 __all__ = [
     "COMMITS_DIR",
     "CommitRecord",
     "commit_record_ids",
     "commit_record_path",
+    "commit_record_write",
     "mark_superseded",
     "next_checkpoint_id",
     "read_commit_records",
@@ -124,11 +126,18 @@ def read_commit_records(storage: CheckpointStorage, *, after: int = -1
     return out
 
 
+def commit_record_write(storage: CheckpointStorage, record: CommitRecord) -> FileWrite:
+    """``record``'s file (its folder entry included), for
+    :meth:`~eddyflow.state.storage.CheckpointStorage.write_all`: the sinks
+    may commit once it is written."""
+    return storage.small_write(os.path.join(COMMITS_DIR, f"chk-{record.checkpoint_id}.json"),
+                               record.to_bytes())
+
+
 async def write_commit_record(storage: CheckpointStorage, record: CommitRecord) -> None:
     """Write ``record`` durably (its folder entry included): the sinks may
     commit once this returns."""
-    await storage.write_small(
-        os.path.join(COMMITS_DIR, f"chk-{record.checkpoint_id}.json"), record.to_bytes())
+    await storage.write_all([commit_record_write(storage, record)])
 
 
 def mark_superseded(storage: CheckpointStorage, record: CommitRecord) -> None:

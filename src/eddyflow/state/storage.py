@@ -35,7 +35,7 @@ import anyio.lowlevel
 
 from eddyflow.durable import fsync_dir
 from eddyflow.state._writer_main import remove, seal_durably, temp_name, write_durably
-from eddyflow.state.writer import WriterProcess
+from eddyflow.state.writer import FileWrite, WriterProcess
 
 __all__ = [
     "METADATA",
@@ -230,21 +230,20 @@ class CheckpointStorage:
             size, sha = int(done["size"]), str(done["sha256"])
         return FileHandle(relpath, size, sha)
 
+    def small_write(self, relpath: str, data: bytes) -> FileWrite:
+        """A small file under the root, its folder's entry included, for
+        :meth:`write_all`."""
+        path = os.path.join(self.root, relpath)
+        return FileWrite(path, data, sync_after=[os.path.dirname(path)])
+
     async def write_small(self, relpath: str, data: bytes) -> None:
         """Write a small file under the root durably, its folder's entry
         included (by the writer process when there is one)."""
-        path = os.path.join(self.root, relpath)
-        folder = os.path.dirname(path)
-        writer = self._running_writer()
-        if writer is not None:
-            await writer.write(path, data, sync_after=[folder])
-        else:
-            _write_durably(path, [data], folder)
-            await anyio.lowlevel.checkpoint()
+        await self.write_all([self.small_write(relpath, data)])
 
-    async def write_metadata(self, checkpoint_id: int, meta: dict[str, Any]) -> str:
-        """Write ``chk-<n>/_metadata`` last and atomically; from this moment
-        the checkpoint exists."""
+    def metadata_write(self, checkpoint_id: int, meta: dict[str, Any]) -> FileWrite:
+        """``chk-<n>/_metadata``, for :meth:`write_all`: from the moment it
+        is written the checkpoint exists."""
         meta = dict(meta, format_version=FORMAT_VERSION, checkpoint_id=checkpoint_id)
         meta["checksum"] = _checksum_of(meta)
         data = _encode_metadata(meta)
@@ -254,14 +253,27 @@ class CheckpointStorage:
         # metadata that names them: each of their folders is fsynced, first.
         files_dirs = sorted({os.path.dirname(os.path.join(self.root, str(f["path"])))
                              for f in meta.get("files", [])})
+        return FileWrite(path, data, sync_before=files_dirs, sync_after=[folder, self.root])
+
+    async def write_metadata(self, checkpoint_id: int, meta: dict[str, Any]) -> str:
+        """Write ``chk-<n>/_metadata`` last and atomically; from this moment
+        the checkpoint exists."""
+        write = self.metadata_write(checkpoint_id, meta)
+        await self.write_all([write])
+        return write.path
+
+    async def write_all(self, writes: Sequence[FileWrite]) -> None:
+        """Write small files durably, in order, each before the next begins
+        (the first failure raises, and the rest are not written): by the
+        writer process in one round trip when there is one (the loop's cost
+        and a turn of a busy loop per file, else), else here."""
         writer = self._running_writer()
         if writer is not None:
-            await writer.write(path, data, sync_before=files_dirs,
-                               sync_after=[folder, self.root])
-        else:
-            _write_durably(path, [data], folder, self.root, sync_before=files_dirs)
-            await anyio.lowlevel.checkpoint()
-        return path
+            await writer.write_batch(writes)
+            return
+        for w in writes:
+            _write_durably(w.path, [w.data], *w.sync_after, sync_before=w.sync_before)
+        await anyio.lowlevel.checkpoint()
 
     def discard(self, checkpoint_id: int) -> None:
         """Remove a checkpoint folder (aborted, superseded or incomplete).

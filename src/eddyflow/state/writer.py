@@ -39,6 +39,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -47,7 +48,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from eddyflow.state._writer_main import encode_request
 
-__all__ = ["WriterProcess"]
+__all__ = ["FileWrite", "WriterProcess"]
 
 log = logging.getLogger("eddyflow.checkpoints")
 
@@ -57,6 +58,18 @@ ENABLED = os.environ.get("EDDYFLOW_WRITER_PROCESS", "1") != "0"
 
 _HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_writer_main.py")
 _MAX_ANSWER = 1 << 20
+
+
+@dataclass(frozen=True)
+class FileWrite:
+    """One small file to write durably (see :meth:`WriterProcess.write`):
+    folders to fsync before it, its bytes, folders to fsync after its
+    rename."""
+
+    path: str
+    data: bytes
+    sync_before: Sequence[str] = ()
+    sync_after: Sequence[str] = ()
 
 
 class WriterProcess:
@@ -92,6 +105,17 @@ class WriterProcess:
                                    "sync_before": list(sync_before),
                                    "sync_after": list(sync_after)}, data, path)
         return int(answer["size"]), str(answer["sha256"])
+
+    async def write_batch(self, writes: Sequence[FileWrite]) -> list[tuple[int, str]]:
+        """Write ``writes`` durably in order, each before the next begins,
+        in one round trip; returns each one's size and SHA-256. The first
+        failure raises, and the writes after it are not made."""
+        header = {"op": "batch", "writes": [
+            {"path": w.path, "size": len(w.data), "sync_before": list(w.sync_before),
+             "sync_after": list(w.sync_after)} for w in writes]}
+        answer = await self._call(header, [w.data for w in writes],
+                                  ", ".join(w.path for w in writes))
+        return [(int(r["size"]), str(r["sha256"])) for r in answer["results"]]
 
     async def seal(self, tmp: str, path: str) -> tuple[int, str]:
         """Make the file the caller wrote in full at ``tmp`` durable under

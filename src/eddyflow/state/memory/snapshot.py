@@ -5,13 +5,16 @@ written since the last snapshot (a swap, O(number of tables)), decide
 between a delta and a full snapshot, and ``fork()`` (:mod:`eddyflow.state.forked`).
 Asynchronous half: the child, on a copy-on-write image of the heap as it
 was at the barrier, looks the changed keys up (or takes every entry, for a
-full snapshot), groups them by key group, pickles them and writes one file
-under the storage's ``shared/`` folder; the parent only awaits its answer.
+full snapshot), groups them by key group, pickles them into one file under
+a temporary name in the storage's ``shared/`` folder and exits; the job's
+writer process then makes the file durable under its name (fsync, rename).
 So the event loop's cost of a checkpoint does not grow with the state, and
 no in-place change that user code makes after the barrier can reach the
-checkpoint. A snapshot of at most ``_INLINE`` entries is cheaper to pickle
-at the barrier than a fork (serialised at capture: isolated just the same);
-the job's writer process writes its bytes.
+checkpoint. A snapshot whose encoding is expected to take at most
+``_INLINE_SECONDS`` is cheaper to pickle at the barrier than a fork
+(serialised at capture: isolated just the same); the job's writer process
+writes its bytes. The expectation is the snapshot's entries times this
+backend's measured time per entry (see ``_Pace``).
 
 A snapshot's files form a *chain*: the last full file, then the deltas
 written since, applied in order on restore (a delta holds the keys written,
@@ -30,12 +33,12 @@ import contextlib
 import functools
 import itertools
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from eddyflow.state import forked
-from eddyflow.state._writer_main import seal_durably
 from eddyflow.state.abc import (
     Changes,
     KeyedSnapshot,
@@ -55,10 +58,16 @@ if TYPE_CHECKING:
 
 __all__ = ["ChainPolicy", "MemorySnapshotStrategy", "shared_file_name"]
 
-#: Up to this many entries a snapshot is serialised inline at the barrier
-#: (measured: ~1 ms), above it by a forked child (a fork costs ~3.5 ms at 185
-#: MB of heap, and more as the heap grows).
-_INLINE = 5000
+#: A snapshot expected to encode within this many seconds is encoded at the
+#: barrier; a longer one by a forked child. A fork costs the parent far more
+#: than the ``fork()`` call (1-4 ms): while the child lives, every page the
+#: parent writes to (a reference count is enough) is copied first, which
+#: slowed the parent's processing to 0.15-0.7x of its speed in a
+#: measurement (see ``_Pace``), and the child takes a core of its own.
+#: Forked snapshots of a state of a few thousand entries cost
+#: benchmarks/overhead.py most of its throughput loss; encoded inline, a
+#: snapshot costs its encoding and nothing else.
+_INLINE_SECONDS = 0.01
 #: A snapshot is full when the keys written since the last one are at least
 #: this fraction of the entries (counting a key written twice twice): about
 #: where a delta starts to cost more to encode than every entry (measured on
@@ -98,6 +107,32 @@ def shared_file_name(target: SnapshotTarget, operator: str, full: bool) -> str:
             f"{target.checkpoint_id}.{kind}")
 
 
+class _Pace:
+    """The measured time it takes to encode an entry of this backend's
+    state (pickling an int-to-int table costs ~45 ns an entry, a table of
+    small objects 250-500 ns: one constant would be wrong by 10x for one of
+    them). Each encoding, at the barrier or in a forked child, updates it
+    (an exponential average). Until one is measured it is the slow case's,
+    so a large first snapshot forks."""
+
+    #: The first guess, seconds per entry: a table of small objects.
+    INITIAL = 500e-9
+    #: Weight of the newest measurement.
+    WEIGHT = 0.5
+
+    def __init__(self) -> None:
+        self.per_entry = self.INITIAL
+
+    def expected(self, entries: int) -> float:
+        """Seconds to encode ``entries`` entries, expected."""
+        return entries * self.per_entry
+
+    def measured(self, entries: int, seconds: float) -> None:
+        """One encoding of ``entries`` took ``seconds``."""
+        if entries > 0 and seconds > 0:
+            self.per_entry += self.WEIGHT * (seconds / entries - self.per_entry)
+
+
 class MemorySnapshotStrategy:
     """Both halves of the memory backend's snapshots, and its chain."""
 
@@ -107,6 +142,7 @@ class MemorySnapshotStrategy:
         self._confirmed: _Chain | None = None
         self._pending: dict[int, _Chain] = {}
         self._taken = 0
+        self._pace = _Pace()
         # Keys written since the confirmed chain, per snapshot taken since
         # (with how many; None: too many to have been recorded): a delta
         # writes them all, so a chain never needs an unconfirmed file.
@@ -166,26 +202,32 @@ class MemorySnapshotStrategy:
                 full = True
         rel = shared_file_name(target, backend.operator, full)
         mp = backend.max_parallelism
-        if target.at_end and size > _INLINE:
+        cheap = self._pace.expected(size) <= _INLINE_SECONDS
+        if target.at_end and not cheap:
             # Nothing else runs: a fork would cost more, and its child would
             # not run beside any processing. Encoded here, straight into the
             # file (never all in memory at once, nor copied through the
             # writer's pipe: 65 ms of 18 MB for 1M keys), then sealed.
+            t0 = time.perf_counter()
             streamed = _encode_to_file(target.storage, rel, dict(tables), key_sets, full, mp,
                                        backend.operator, target.checkpoint_id)
+            self._pace.measured(size, time.perf_counter() - t0)
             return _Snapshot(self, target, kinds, entries, None, None if full else base, full,
                              streamed=streamed)
-        if size <= _INLINE or not forked.ENABLED:
+        if cheap or not forked.ENABLED:
             # Small: serialised here, at the barrier (cheaper than a fork),
             # and written by the job's writer process.
+            t0 = time.perf_counter()
             encoded = _encode(dict(tables), key_sets, full, mp, backend.operator,
                               target.checkpoint_id)
+            self._pace.measured(size, time.perf_counter() - t0)
             return _Snapshot(self, target, kinds, entries, None, None if full else base, full,
                              (rel, encoded))
         work = forked.start(functools.partial(
-            _write_file, target.storage, rel, dict(tables), key_sets, full, mp,
+            _encode_in_child, target.storage, rel, dict(tables), key_sets, full, mp,
             backend.operator, target.checkpoint_id))
-        return _Snapshot(self, target, kinds, entries, work, None if full else base, full)
+        return _Snapshot(self, target, kinds, entries, work, None if full else base, full,
+                         size=size)
 
     def record(self, checkpoint_id: int, chain: _Chain) -> None:
         self._pending[checkpoint_id] = chain
@@ -202,14 +244,19 @@ class MemorySnapshotStrategy:
         # Its keys stay in _unconfirmed: the next delta writes them again.
         self._pending.pop(checkpoint_id, None)
 
+    def encoded_in_child(self, entries: int, seconds: float) -> None:
+        """A forked child encoded ``entries`` entries in ``seconds``."""
+        self._pace.measured(entries, seconds)
+
 
 class _Snapshot(KeyedSnapshot):
     def __init__(self, strategy: MemorySnapshotStrategy, target: SnapshotTarget,
                  kinds: dict[str, str], entries: int, work: forked.ChildWork | None,
                  base: _Chain | None, full: bool,
                  encoded: tuple[str, _Encoded | None] | None = None,
-                 streamed: _Streamed | None = None) -> None:
+                 streamed: _Streamed | None = None, size: int = 0) -> None:
         self.encoded = encoded
+        self.size = size  # the entries a forked child encodes
         self.streamed = streamed
         self.strategy = strategy
         self.target = target
@@ -233,7 +280,18 @@ class _Snapshot(KeyedSnapshot):
                 chunks, index = encoded
                 h = await self.target.storage.write_file(rel, chunks)
                 written = (h.path, h.size, h.sha256, index)
-        elif self.streamed is not None:
+        if self.work is not None:
+            # The child encoded the file under a temporary name and exited;
+            # the writer process seals it (fsync, rename), so the child's
+            # life (and the copy-on-write faults it costs this process)
+            # does not last an fsync longer.
+            done: _InChild | None = await self.work.result()
+            self.work = None
+            if done is not None:
+                rel, tmp, index, seconds = done
+                self.streamed = (rel, tmp, index)
+                self.strategy.encoded_in_child(self.size, seconds)
+        if self.streamed is not None:
             rel, tmp, index = self.streamed
             try:
                 h = await self.target.storage.seal(rel, tmp)
@@ -243,9 +301,6 @@ class _Snapshot(KeyedSnapshot):
             finally:
                 self.streamed = None
             written = (h.path, h.size, h.sha256, index)
-        elif self.work is not None:
-            written = await self.work.result()
-            self.work = None
         if written is not None:
             path, size, sha, index = written
             files = (*files, StateFile(FileHandle(path, size, sha), index, self.full,
@@ -273,6 +328,8 @@ _Encoded = tuple[list[bytes], dict[str, tuple[int, int]]]
 #: A file encoded under a temporary name: (its path relative to the storage
 #: root, the temporary file's absolute path, its frame index).
 _Streamed = tuple[str, str, dict[str, tuple[int, int]]]
+#: What a forked child answers: :data:`_Streamed` and its encoding's seconds.
+_InChild = tuple[str, str, dict[str, tuple[int, int]], float]
 _ABSENT: Any = object()
 _Written = tuple[str, int, str, dict[str, tuple[int, int]]]
 
@@ -282,20 +339,21 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
-def _write_file(storage: CheckpointStorage, rel: str, tables: dict[str, dict[Any, Any]],
-                key_sets: list[dict[str, Written]], full: bool,
-                max_parallelism: int, operator: str, checkpoint: int) -> _Written | None:
+def _encode_in_child(storage: CheckpointStorage, rel: str, tables: dict[str, dict[Any, Any]],
+                     key_sets: list[dict[str, Written]], full: bool, max_parallelism: int,
+                     operator: str, checkpoint: int) -> _InChild | None:
     """The forked child's work: encode (see :func:`_encode`) straight into
-    a temporary file and make it durable as ``rel``. ``None`` when there is
-    nothing to write. (Streamed: the child's private memory does not grow
-    by the encoded snapshot, nor by a copy of it.)"""
+    a temporary file next to ``rel``, for the parent to seal; ``None`` when
+    there is nothing to write. Also how long the encoding took. (Streamed:
+    the child's private memory does not grow by the encoded snapshot, nor
+    by a copy of it.)"""
+    t0 = time.perf_counter()
     streamed = _encode_to_file(storage, rel, tables, key_sets, full, max_parallelism,
                                operator, checkpoint)
     if streamed is None:
         return None
-    _, tmp, index = streamed
-    done = seal_durably(tmp, os.path.join(storage.root, rel))
-    return rel, int(done["size"]), str(done["sha256"]), index
+    rel, tmp, index = streamed
+    return rel, tmp, index, time.perf_counter() - t0
 
 
 def _encode_to_file(storage: CheckpointStorage, rel: str, tables: dict[str, dict[Any, Any]],
