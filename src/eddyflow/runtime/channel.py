@@ -150,6 +150,11 @@ class Channel:
                             else:
                                 self._release_space()  # pass the wake-up on
                             return
+                        if not fut.done():
+                            # The handler ran before any wait: the next
+                            # round waits on a new future, and a wake-up
+                            # given to this one would be lost.
+                            self._space_waiters.remove(fut)
                 except BaseException:
                     if fut in self._space_waiters:
                         self._space_waiters.remove(fut)
