@@ -33,7 +33,40 @@ the right final counts.
 
 The goal: unaligned p99 <= 10% of aligned p99.
 
-    python benchmarks/backpressure.py            # 3 rounds
+The deep pipeline (``--shape deep``), where the slow stage sits in the
+middle, three exchanges from the source, so that the tasks in front of it
+are blocked on their output when a barrier reaches them::
+
+    numbers 0..N-1 (2 source subtasks)
+      -> rebalance -> flat_map: each number ``--fanout`` times as (key, n)  # 'parse'
+      -> key_by(key) -> map blocking ``--deep-cost`` µs per record          # 'slow'
+      -> key_by(key) -> running sum                                         # 'sum'
+      -> FileSink
+
+at parallelism 2 throughout. The blocking map holds the event loop while it
+works (``time.sleep``, as a call into a library that does not yield would).
+The fan-out is what back-pressures the job: the tasks share one event loop
+and take turns, a batch a turn, so a stage falls behind only when more
+batches reach it per turn than it takes. 'parse' is then blocked on its
+output and the source on 'parse'. An aligned barrier waits behind every
+record queued in front of 'slow' and 'parse'; an unaligned one is taken by a
+task even while it waits for output space, and overtakes what the task has
+queued. Batches and channels are sized as in the first shape. Every step of
+a checkpoint's asynchronous phase (a write, its answer, the metadata) waits
+for a turn of the loop, and a turn lasts as long as the blocking map takes
+for a batch, twice over (two subtasks): larger batches lengthen every
+checkpoint, unaligned ones included (``--deep-batch-size 256
+--deep-capacity 16``: a ratio of 0.29 on a loaded 2-core machine).
+
+Runs without checkpoints, ``exactly_once``, ``unaligned`` and
+``exactly_once`` with ``--aligned-timeout`` (switching to unaligned) take
+turns round by round. Reported: p50 and p90 duration per mode, how many of
+the aligned-timeout checkpoints switched, and the ratio of the unaligned p90
+to the aligned p90 (goal: <= 0.2). Every run's output is checked (every
+record once, the right final sums).
+
+    python benchmarks/backpressure.py            # both shapes, 3 rounds
+    python benchmarks/backpressure.py --shape deep --rounds 3
     python benchmarks/backpressure.py --quick    # 1 round, fewer records
 """
 
@@ -41,6 +74,8 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
+import os
 import shutil
 import statistics
 import sys
@@ -54,6 +89,7 @@ from overhead import GroupTotalsSink, NumberSource  # benchmarks/: the script's 
 import eddyflow as ef
 
 GOAL = 0.10
+DEEP_GOAL = 0.20
 
 
 class Busy:
@@ -98,6 +134,104 @@ def run_once(mode: str | None, n: int, keys: int, cost: float, interval: float,
     return elapsed, infos
 
 
+class Blocking:
+    """Identity that blocks the event loop ``micros`` µs per record (a
+    ``time.sleep``, as a call into a library that does not yield would)."""
+
+    def __init__(self, micros: float) -> None:
+        self.seconds = micros / 1e6
+
+    def __call__(self, r: Any) -> Any:
+        time.sleep(self.seconds)
+        return r
+
+
+def run_deep(mode: str | None, n: int, keys: int, cost: float, interval: float, chk: Path,
+             *, batch_size: int, capacity: int, fanout: int,
+             aligned_timeout: float | None = None) -> tuple[float, list[ef.CheckpointInfo]]:
+    """One run of the deep pipeline (see the module's docstring)."""
+    env = ef.StreamEnvironment(parallelism=2, batch_size=batch_size, channel_capacity=capacity)
+    if mode is not None:
+        env.enable_checkpointing(interval, chk / "chk", mode=mode, retained=10_000,
+                                 timeout=600.0, aligned_timeout=aligned_timeout)
+    out = chk / "out"
+
+    def parse(i: int) -> list[tuple[int, int]]:
+        return [(i % keys, i)] * fanout
+
+    parsed = env.from_source(NumberSource(n)).name("src").rebalance().flat_map(parse) \
+        .name("parse")
+    slow = parsed.key_by(lambda r: r[0]).map(Blocking(cost)).name("slow")
+    slow.key_by(lambda r: r[0]).sum(lambda r: 1).name("sum").sink_to(ef.FileSink(out)) \
+        .name("sink")
+    gc.collect()
+    t0 = time.perf_counter()
+    env.execute(f"backpressure-deep-{mode}")
+    elapsed = time.perf_counter() - t0
+    committed = 0
+    last: dict[int, int] = {}
+    for name in os.listdir(out):
+        if name.startswith("part-"):
+            with open(out / name, encoding="utf-8") as f:
+                for line in f:
+                    key, total = json.loads(line)
+                    committed += 1
+                    last[key] = max(last.get(key, 0), total)
+    want = {k: fanout * len(range(k, n, keys)) for k in range(min(keys, n))}
+    if committed != n * fanout or last != want:
+        raise SystemExit(f"deep {mode}: wrong output: {committed} of {n * fanout} records "
+                         "committed, or wrong final sums")
+    infos = ([c for c in ef.list_checkpoints(chk / "chk") if not c.final]
+             if mode is not None else [])
+    shutil.rmtree(chk, ignore_errors=True)
+    return elapsed, infos
+
+
+def deep_main(args: argparse.Namespace, base: Path) -> bool:
+    """The deep pipeline's rounds and report; whether the goal is met."""
+    modes = ("exactly_once", "unaligned", "aligned_timeout")
+    durations: dict[str, list[float]] = {m: [] for m in modes}
+    ratios: dict[str, list[float]] = {m: [] for m in modes}
+    switched = 0
+    for r in range(args.rounds):
+        sizes = dict(batch_size=args.deep_batch_size, capacity=args.deep_capacity,
+                     fanout=args.fanout)
+        none, _ = run_deep(None, args.deep_records, args.keys, args.deep_cost, args.interval,
+                           base / "deep-none", **sizes)
+        order = modes if r % 2 == 0 else modes[::-1]
+        for mode in order:
+            timeout = args.aligned_timeout if mode == "aligned_timeout" else None
+            elapsed, infos = run_deep(
+                "exactly_once" if mode == "aligned_timeout" else mode, args.deep_records,
+                args.keys, args.deep_cost, args.interval, base / f"deep-{mode}",
+                aligned_timeout=timeout, **sizes)
+            ratios[mode].append(none / elapsed)
+            durations[mode].extend(c.duration for c in infos)
+            if mode == "aligned_timeout":
+                switched += sum(1 for c in infos if c.meta.unaligned)
+        print(f"deep round {r + 1}/{args.rounds} done", file=sys.stderr)
+    print(f"deep pipeline: {args.deep_records:,} records x {args.fanout}, {args.keys} keys, "
+          f"'slow' blocking {args.deep_cost:g} µs/record, parallelism 2, batches of "
+          f"{args.deep_batch_size}, channels of {args.deep_capacity} batches, "
+          f"interval {args.interval:g} s, aligned timeout {args.aligned_timeout:g} s, "
+          f"{args.rounds} rounds")
+    print(f"{'mode':<16} {'checkpoints':>11} {'p50 (s)':>9} {'p90 (s)':>9} "
+          f"{'throughput vs none':>19}")
+    for mode in modes:
+        d = durations[mode]
+        print(f"{mode:<16} {len(d):>11} {pct(d, 0.5):>9.3f} {pct(d, 0.9):>9.3f} "
+              f"{statistics.median(ratios[mode]):>18.2f}x")
+    print(f"aligned_timeout: {switched} of {len(durations['aligned_timeout'])} "
+          "checkpoints switched to unaligned")
+    aligned, unaligned = pct(durations["exactly_once"], 0.9), pct(durations["unaligned"], 0.9)
+    ratio = unaligned / aligned if aligned else float("nan")
+    met = ratio <= DEEP_GOAL and len(durations["aligned_timeout"]) > 0
+    print(f"deep: unaligned p90 / aligned p90 = {ratio:.3f} (goal <= {DEEP_GOAL:.2f}), "
+          f"aligned_timeout checkpoints completed: {len(durations['aligned_timeout'])}: "
+          f"{'met' if met else 'NOT met'}")
+    return met
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -105,47 +239,31 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--records", type=int, default=20_000)
-    ap.add_argument("--keys", type=int, default=1000)
-    ap.add_argument("--cost", type=float, default=100.0, help="µs per record in 'slow'")
-    ap.add_argument("--interval", type=float, default=0.5)
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--capacity", type=int, default=64, help="channel capacity, in batches")
-    ap.add_argument("--fanout", type=int, default=4)
-    ap.add_argument("--parallelism", type=int, default=4)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args(argv)
-    if args.quick:
-        args.records, args.rounds = 10_000, 1
-    base = Path(tempfile.mkdtemp(prefix="eddyflow-backpressure-"))
+def sink_main(args: argparse.Namespace, base: Path) -> bool:
+    """The slow-stage-before-the-sink shape's rounds and report; whether
+    the goal is met."""
     durations: dict[str, list[float]] = {"exactly_once": [], "unaligned": []}
     ratios: dict[str, list[float]] = {"exactly_once": [], "unaligned": []}
     held_records: list[int] = []
     held_bytes: list[int] = []
     counts: dict[str, list[int]] = {"exactly_once": [], "unaligned": []}
-    try:
-        for r in range(args.rounds):
-            sizes = dict(batch_size=args.batch_size, capacity=args.capacity,
-                         fanout=args.fanout, parallelism=args.parallelism)
-            none, _ = run_once(None, args.records, args.keys, args.cost, args.interval,
-                               base / "none", **sizes)
-            order = ["exactly_once", "unaligned"] if r % 2 == 0 else ["unaligned", "exactly_once"]
-            for mode in order:
-                elapsed, infos = run_once(mode, args.records, args.keys, args.cost,
-                                          args.interval, base / mode, **sizes)
-                ratios[mode].append(none / elapsed)
-                durations[mode].extend(c.duration for c in infos)
-                counts[mode].append(len(infos))
-                if mode == "unaligned":
-                    for c in infos:
-                        held_records.append(c.meta.channel_state_records)
-                        held_bytes.append(c.meta.channel_state_size)
-            print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    for r in range(args.rounds):
+        sizes = dict(batch_size=args.batch_size, capacity=args.capacity,
+                     fanout=args.fanout, parallelism=args.parallelism)
+        none, _ = run_once(None, args.records, args.keys, args.cost, args.interval,
+                           base / "none", **sizes)
+        order = ["exactly_once", "unaligned"] if r % 2 == 0 else ["unaligned", "exactly_once"]
+        for mode in order:
+            elapsed, infos = run_once(mode, args.records, args.keys, args.cost,
+                                      args.interval, base / mode, **sizes)
+            ratios[mode].append(none / elapsed)
+            durations[mode].extend(c.duration for c in infos)
+            counts[mode].append(len(infos))
+            if mode == "unaligned":
+                for c in infos:
+                    held_records.append(c.meta.channel_state_records)
+                    held_bytes.append(c.meta.channel_state_size)
+        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
 
     print(f"{args.records:,} records x {args.fanout}, {args.keys} keys, "
           f"'slow' {args.cost:g} µs/record, batches of {args.batch_size}, "
@@ -166,6 +284,41 @@ def main(argv: list[str] | None = None) -> int:
     met = ratio <= GOAL
     print(f"unaligned p99 / aligned p99 = {ratio:.3f} (goal <= {GOAL:.2f}): "
           f"{'met' if met else 'NOT met'}")
+    return met
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shape", choices=("sink", "deep", "both"), default="both")
+    ap.add_argument("--records", type=int, default=20_000)
+    ap.add_argument("--keys", type=int, default=1000)
+    ap.add_argument("--cost", type=float, default=100.0, help="µs per record in 'slow'")
+    ap.add_argument("--interval", type=float, default=0.5)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--capacity", type=int, default=64, help="channel capacity, in batches")
+    ap.add_argument("--fanout", type=int, default=4)
+    ap.add_argument("--parallelism", type=int, default=4)
+    ap.add_argument("--deep-records", type=int, default=20_000)
+    ap.add_argument("--deep-cost", type=float, default=50.0,
+                    help="µs per record the deep pipeline's 'slow' blocks")
+    ap.add_argument("--deep-batch-size", type=int, default=64)
+    ap.add_argument("--deep-capacity", type=int, default=64,
+                    help="the deep pipeline's channel capacity, in batches")
+    ap.add_argument("--aligned-timeout", type=float, default=0.1)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.records, args.deep_records, args.rounds = 10_000, 10_000, 1
+    base = Path(tempfile.mkdtemp(prefix="eddyflow-backpressure-"))
+    met = True
+    try:
+        if args.shape in ("sink", "both"):
+            met &= sink_main(args, base)
+        if args.shape in ("deep", "both"):
+            met &= deep_main(args, base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
     return 0 if met else 1
 
 

@@ -264,6 +264,18 @@ def mws_counting(r: Record, s: MwsState | None) -> tuple[Record, MwsState]:
     return _mws_step(r, s, lambda n: n + w)
 
 
+class Blocking:
+    """Identity map that blocks the event loop ``seconds`` per record (a
+    ``time.sleep``): the slow stage of the deep back-pressured prefix."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __call__(self, r: Any) -> Any:
+        time.sleep(self.seconds)
+        return r
+
+
 class Pace:
     """Identity map that sleeps a millisecond every ``every`` records, so a job
     of a few thousand records lasts long enough for several checkpoints."""
@@ -316,6 +328,12 @@ class Case:
     # The RocksDB backend's settings (None: the memory backend).
     cache_size: int | None = None  # entries in each state's write cache
     incremental: bool = True
+    # The deep back-pressured prefix: key_by -> map ('parse') -> key_by ->
+    # a map that blocks the event loop ('blocking'), then the drawn
+    # operators (the first keyed, behind a third exchange), with channels
+    # of ``channel_capacity`` batches (None: no such prefix, default channels).
+    deep_parallelism: tuple[int, int] | None = None
+    channel_capacity: int | None = None
 
 
 # Keeping the parallelism often keeps per-key order deterministic (forward edges).
@@ -326,11 +344,14 @@ ROCKSDB_CACHES = (2, 8, 100_000)
 
 
 @st.composite
-def cases(draw: st.DrawFn, modes: tuple[str, ...], rocksdb: bool = False) -> Case:
+def cases(draw: st.DrawFn, modes: tuple[str, ...], rocksdb: bool = False,
+          deep: bool = False) -> Case:
     mode = draw(st.sampled_from(modes))
     n_ops = draw(st.integers(1, 6))
     ops = []
-    for _ in range(n_ops):
+    if deep:
+        ops.append(Op(draw(st.sampled_from(sorted(KEYED))), draw(st.sampled_from([0, 2]))))
+    for _ in range(n_ops - len(ops)):
         kind = draw(st.sampled_from(KINDS))
         ops.append(Op(kind, draw(PARALLELISM), draw(PARALLELISM), draw(st.booleans())))
     fail_at = draw(st.none() | st.integers(0, n_ops))
@@ -363,6 +384,9 @@ def cases(draw: st.DrawFn, modes: tuple[str, ...], rocksdb: bool = False) -> Cas
         shape=draw(st.sampled_from(SHAPES)),
         cache_size=draw(st.sampled_from(ROCKSDB_CACHES)) if rocksdb else None,
         incremental=draw(st.sampled_from([True, True, False])) if rocksdb else True,
+        deep_parallelism=(draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 1, 2])))
+        if deep else None,
+        channel_capacity=draw(st.integers(1, 3)) if deep else None,
     )
 
 
@@ -415,7 +439,8 @@ class Built:
 
 
 def build(env: ef.StreamEnvironment, case: Case, sink: ef.Sink, *,
-          failing: Callable[[Any], Any], pace: Callable[[Any], Any]) -> Built:
+          failing: Callable[[Any], Any], pace: Callable[[Any], Any],
+          block: Callable[[Any], Any] = identity) -> Built:
     out = Built()
     # New objects for every run: the functions change them in place.
     records = [make(case.shape, i % case.n_keys, (i * 7919) % 10_007)
@@ -424,6 +449,12 @@ def build(env: ef.StreamEnvironment, case: Case, sink: ef.Sink, *,
     ds = env.from_collection(records).set_parallelism(sp)
     ds = ds.map(pace).name("pace").set_parallelism(sp)
     ins = [_In(sp, sp == 1, sp == 1)]
+    if case.deep_parallelism is not None:
+        p_parse, p_block = case.deep_parallelism
+        ds = ds.key_by(key_of).map(f_map).name("parse").set_parallelism(p_parse)
+        ins = [_through_keyed(ins, p_parse)]
+        ds = ds.key_by(key_of).map(block).name("blocking").set_parallelism(p_block)
+        ins = [_through_keyed(ins, p_block)]
 
     def parallelism(requested: int, keyed: bool = False) -> int:
         current = ins[0].parallelism
@@ -574,8 +605,10 @@ def check_case(case: Case, workdir: Path, stats: Stats, backend: StateBackendFac
     note(repr(case))
     stats.examples += 1
 
+    capacity = {} if case.channel_capacity is None else {
+        "channel_capacity": case.channel_capacity}
     # The reference: no checkpointing, no failures, the memory backend.
-    env = ef.StreamEnvironment(parallelism=2, batch_size=case.batch_size)
+    env = ef.StreamEnvironment(parallelism=2, batch_size=case.batch_size, **capacity)
     ref_sink = ef.ListSink()
     ref_built = build(env, case, ref_sink, failing=identity, pace=identity)
     ref = run_job(env)
@@ -584,7 +617,7 @@ def check_case(case: Case, workdir: Path, stats: Stats, backend: StateBackendFac
 
     # The checked run.
     os.makedirs(workdir)
-    env = ef.StreamEnvironment(parallelism=2, batch_size=case.batch_size)
+    env = ef.StreamEnvironment(parallelism=2, batch_size=case.batch_size, **capacity)
     env.enable_checkpointing(case.interval, workdir / "chk", retained=case.retained,
                              timeout=case.timeout, **mode_options(case.mode))
     env.set_restart_strategy(ef.FixedDelayRestart(attempts=6, delay=0))
@@ -596,7 +629,8 @@ def check_case(case: Case, workdir: Path, stats: Stats, backend: StateBackendFac
         after=max(1, int(case.fail_fraction * max(through_failing, 1))),
         times=case.fail_times)
     sink: ef.Sink = ef.FileSink(workdir / "out") if case.file_sink else ef.ListSink()
-    built = build(env, case, sink, failing=failing, pace=Pace(max(1, case.batch_size // 2)))
+    built = build(env, case, sink, failing=failing, pace=Pace(max(1, case.batch_size // 2)),
+                  block=Blocking(0.0002))
     assert built.keyed_uids == ref_built.keyed_uids
     if case.fault_point is not None:
         ef.testing.arm(case.fault_point, after=case.fault_after, times=1)
@@ -672,12 +706,13 @@ def check_case(case: Case, workdir: Path, stats: Stats, backend: StateBackendFac
 
 
 def _run_property(tmp_path: Path, backend: StateBackendFactory, examples: int,
-                  modes: tuple[str, ...], min_failed: float, min_mutable_failed: float) -> Stats:
+                  modes: tuple[str, ...], min_failed: float, min_mutable_failed: float,
+                  deep: bool = False) -> Stats:
     stats = Stats()
 
     @settings(max_examples=examples, deadline=None, derandomize=False,
               suppress_health_check=[HealthCheck.too_slow])
-    @given(case=cases(modes, rocksdb=backend.rocksdb))
+    @given(case=cases(modes, rocksdb=backend.rocksdb, deep=deep))
     def prop(case: Case) -> None:
         check_case(case, tmp_path / f"ex{stats.examples}", stats, backend)
 
@@ -703,6 +738,16 @@ def test_checkpointing_survives_random_failures(tmp_path: Path,
                                                 state_backend: StateBackendFactory) -> None:
     _run_property(tmp_path, state_backend, examples=25, modes=MODES, min_failed=0.6,
                   min_mutable_failed=0.15)
+
+
+def test_unaligned_checkpoints_of_a_deep_back_pressured_pipeline_survive_random_failures(
+        tmp_path: Path, state_backend: StateBackendFactory) -> None:
+    """The deep shape: the blocking map behind two exchanges and before a
+    third, small channels, so that the tasks in front of it are blocked on
+    their output when an unaligned barrier (or a switched one) reaches them;
+    their queued output becomes channel state, restored before new input."""
+    _run_property(tmp_path, state_backend, examples=12, modes=UNALIGNED, min_failed=0.5,
+                  min_mutable_failed=0.1, deep=True)
 
 
 @pytest.mark.slow

@@ -99,3 +99,42 @@ def test_an_aligned_barrier_held_up_is_replaced_by_the_overtaking_one() -> None:
         assert list(b._items) == [Barrier(7, 0.0, unaligned=True)]
 
     asyncio.run(go())
+
+
+def test_a_put_whose_handler_ran_before_it_waited_still_gets_the_space() -> None:
+    """A request made before the put waits runs the handler at once; the
+    put then waits for space, and a record taken from the channel must
+    wake it (the property suite's deep shape hung here once: the wake-up
+    went to the future of the round the handler had cut short)."""
+    async def main() -> list[str]:
+        ch = Channel("c", 1)
+        gate = InputGate([ch])
+        calls: list[str] = []
+
+        async def handler() -> None:
+            calls.append("handled")
+
+        interrupt = Interrupt(handler)
+        ch.append(RecordBatch([0]))  # full
+        interrupt.request()
+        put = asyncio.ensure_future(ch.put(RecordBatch([1]), interrupt))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert calls == ["handled"] and not put.done()
+        assert gate.poll() == (0, [0])  # space
+        await asyncio.wait_for(put, 5.0)
+        assert gate.poll() == (0, [1])
+        # A request while it waits wakes it, runs the handler, and it waits on.
+        ch.append(RecordBatch([2]))
+        put = asyncio.ensure_future(ch.put(RecordBatch([3]), interrupt))
+        await asyncio.sleep(0)
+        interrupt.request()
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert calls == ["handled", "handled"] and not put.done()
+        assert gate.poll() == (0, [2])
+        await asyncio.wait_for(put, 5.0)
+        assert gate.poll() == (0, [3])
+        return calls
+
+    assert asyncio.run(main()) == ["handled", "handled"]

@@ -221,6 +221,26 @@ def test_sigkill_under_back_pressure_with_unaligned_checkpoints_is_exactly_once(
                                               "EF_SIGKILL_SINK_DELAY": "0.0001"})
 
 
+def test_sigkill_of_a_deep_back_pressured_pipeline_with_unaligned_checkpoints_is_exactly_once(
+        tmp_path: Path, state_backend: StateBackendFactory) -> None:
+    """The sleepy map in the middle, behind two exchanges and before a third:
+    the tasks in front of it are blocked on their output when the barrier
+    comes, take it there, and their queued output becomes channel state."""
+    kill_and_restart(tmp_path, state_backend, records=30_000, keys=200, kills=6, slow=0.0,
+                     seed=seed(13), settings={"EF_SIGKILL_MODE": "unaligned",
+                                              "EF_SIGKILL_DEEP": "0.0001"})
+
+
+def test_sigkill_of_a_deep_pipeline_with_an_aligned_timeout_is_exactly_once(
+        tmp_path: Path, state_backend: StateBackendFactory) -> None:
+    """As above, the checkpoints aligned at first and switched to unaligned
+    after a few milliseconds."""
+    kill_and_restart(tmp_path, state_backend, records=30_000, keys=200, kills=6, slow=0.0,
+                     seed=seed(17), settings={"EF_SIGKILL_MODE": "exactly_once",
+                                              "EF_SIGKILL_ALIGNED_TIMEOUT": "0.005",
+                                              "EF_SIGKILL_DEEP": "0.0001"})
+
+
 @pytest.mark.slow
 def test_sigkill_soak_many_kills_more_data(tmp_path: Path,
                                            state_backend: StateBackendFactory) -> None:

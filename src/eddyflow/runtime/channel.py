@@ -71,17 +71,32 @@ class Interrupt:
 
     async def wait(self, space: asyncio.Future[None], channel: Channel) -> None:
         """Wait for ``space`` or for the item being put to be delivered,
-        running the handler whenever a request comes meanwhile."""
-        while not space.done() and not channel._delivered:
-            if self.requested and self.enabled:
-                self.requested = False
-                await self.handler()
-                continue
-            f = self._future = asyncio.get_running_loop().create_future()
-            try:
-                await asyncio.wait((space, f), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                self._future = None
+        running the handler whenever a request comes meanwhile.
+
+        A request completes ``space`` itself rather than a future of its
+        own: waiting on two futures (``asyncio.wait``) costs the waiter two
+        more turns of the event loop to wake, and behind a stage that blocks
+        the loop for a batch at a time each turn is long (the deep pipeline
+        of benchmarks/backpressure.py: a priority barrier waited there for
+        ~0.3 s per back-pressured task). The put's loop checks the capacity
+        again, so a wake-up without space only waits anew."""
+        if self.requested and self.enabled:
+            await self._handle(channel)
+            return
+        self._future = space
+        try:
+            await space
+        finally:
+            self._future = None
+        if self.requested and self.enabled:
+            await self._handle(channel)
+
+    async def _handle(self, channel: Channel) -> None:
+        """Run the handler while requests keep coming (each may take part in
+        another checkpoint), unless the item being put was delivered."""
+        while self.requested and self.enabled and not channel._delivered:
+            self.requested = False
+            await self.handler()
 
 
 class Channel:
@@ -135,6 +150,11 @@ class Channel:
                             else:
                                 self._release_space()  # pass the wake-up on
                             return
+                        if not fut.done():
+                            # The handler ran before any wait: the next
+                            # round waits on a new future, and a wake-up
+                            # given to this one would be lost.
+                            self._space_waiters.remove(fut)
                 except BaseException:
                     if fut in self._space_waiters:
                         self._space_waiters.remove(fut)

@@ -24,9 +24,16 @@ Settings come from environment variables, so the same file runs under
   ``EF_SIGKILL_ROCKSDB_CACHE`` entries in each state's write cache (default:
   the backend's)
 * ``EF_SIGKILL_MODE``  the checkpoint mode (default ``exactly_once``)
+* ``EF_SIGKILL_ALIGNED_TIMEOUT``  seconds after which an aligned checkpoint
+  switches to unaligned (default: never)
 * ``EF_SIGKILL_SINK_DELAY``  seconds a map before the sink sleeps per record
   (default 0: none); it runs at parallelism 1, behind an exchange, with small
   channels, so the job is back-pressured from its first second
+* ``EF_SIGKILL_DEEP``  seconds a map in the middle of the job sleeps per
+  record (default 0: no such map). The job is then ``from_log -> key_by ->
+  parse -> key_by -> sleepy (parallelism 1) -> key_by -> running -> FileSink``:
+  three exchanges with small channels, so that 'parse' is blocked on its
+  output and the source on 'parse' when a barrier reaches them
 """
 
 from __future__ import annotations
@@ -77,19 +84,28 @@ def build(env: ef.StreamEnvironment) -> None:
         interval=float(os.environ.get("EF_SIGKILL_INTERVAL", "0.05")),
         directory=_setting("EF_SIGKILL_CHK"),
         mode=os.environ.get("EF_SIGKILL_MODE", "exactly_once"),
+        aligned_timeout=(float(os.environ["EF_SIGKILL_ALIGNED_TIMEOUT"])
+                         if "EF_SIGKILL_ALIGNED_TIMEOUT" in os.environ else None),
     )
     slow = float(os.environ.get("EF_SIGKILL_SLOW", "0"))
     delay = float(os.environ.get("EF_SIGKILL_SINK_DELAY", "0"))
-    out = (
-        env.from_log(_setting("EF_SIGKILL_LOG"))
-        .key_by(first)
-        .map_with_state(make_step(slow))
-        .name("running")
-    )
+    deep = float(os.environ.get("EF_SIGKILL_DEEP", "0"))
+    source = env.from_log(_setting("EF_SIGKILL_LOG"))
+    if deep:
+        env.channel_capacity = 2
+        # Each key's records stay in one subtask at every stage: in log order.
+        parsed = source.key_by(first).map(parse).name("parse")
+        source = parsed.key_by(first).map(Sleepy(deep)).name("sleepy").set_parallelism(1)
+    out = source.key_by(first).map_with_state(make_step(slow)).name("running")
     if delay:
         env.channel_capacity = 2
         out = out.map(Sleepy(delay)).name("sleepy").set_parallelism(1)
     out.sink_to(ef.FileSink(_setting("EF_SIGKILL_OUT")))
+
+
+def parse(record: list[Any]) -> list[Any]:
+    """A new record of the same content (a stage of its own in the deep job)."""
+    return list(record)
 
 
 class Sleepy:
