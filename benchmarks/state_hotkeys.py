@@ -123,6 +123,10 @@ class HotRun:
     durations: list[float]
     syncs: list[float]
     pause: float
+    #: The longest periodic checkpoint, where its time went (see ``_anatomy``).
+    slowest: str = ""
+    #: Periodic checkpoints after the load that wrote at least half the state.
+    full: int = 0
 
     @property
     def rate(self) -> float:
@@ -138,6 +142,22 @@ def _position(info: ef.CheckpointInfo) -> int:
         if op.get("kind") == "source":
             return sum(int(s.get("source", 0)) for s in op["subtasks"].values())
     return 0
+
+
+def _anatomy(info: ef.CheckpointInfo, load: int) -> str:
+    """Checkpoint ``info``: its duration, whether it was triggered during the
+    load, and the task whose part took longest (alignment/sync/async)."""
+    phase = "load" if _position(info) < load else "hot phase"
+    worst = ""
+    longest = -1.0
+    for task, st in info.metadata.get("tasks", {}).items():
+        parts = (float(st["alignment_duration"]), float(st["sync_duration"]),
+                 float(st["async_duration"]))
+        if sum(parts) > longest:
+            longest = sum(parts)
+            worst = (f"{task}: align {ms(parts[0])} / sync {ms(parts[1])} / async "
+                     f"{ms(parts[2])} ms")
+    return f"checkpoint {info.id} ({phase}) {ms(info.duration)} ms; {worst}"
 
 
 def run_hot(backend: str, data: HotData, expected: Expected, args: argparse.Namespace,
@@ -177,11 +197,14 @@ def run_hot(backend: str, data: HotData, expected: Expected, args: argparse.Name
     gaps = [b - a for a, b in itertools.pairwise(done)]
     subsumed = sum(reason == _SUBSUMED for reason in aborts.aborted.values())
     pause, _ = sink.pauses()
+    slowest = max(periodic, key=lambda c: c.duration, default=None)
     run = HotRun(backend, seconds, sink.records_written(), cut, ratios,
                  len(periodic),
                  {n: r for n, r in aborts.aborted.items() if r != _SUBSUMED}, subsumed,
                  max(gaps, default=None), [c.duration for c in periodic],
-                 keyed_sync_durations(infos), pause)
+                 keyed_sync_durations(infos), pause,
+                 "" if slowest is None else _anatomy(slowest, data.load),
+                 sum(r > 0.5 for r in ratios))
     return run, errors
 
 
@@ -237,7 +260,7 @@ def render_hot(number: str, results: HotResults, args: argparse.Namespace) -> li
         "per backend (alternating)",
         "",
     ]
-    header = (f"   {'backend':<8} {'records/s':>10} {'chk/full':>9} {'periodic':>9} "
+    header = (f"   {'backend':<8} {'records/s':>10} {'chk/full':>9} {'full':>5} {'periodic':>9} "
               f"{'aborted':>8} {'subsumed':>9} {'max gap s':>10} {'dur p50 ms':>11} "
               f"{'dur max ms':>11} {'sync p99 ms':>12} {'pause ms':>9} {'cut':>4}")
     lines += [header, "   " + "-" * (len(header) - 3)]
@@ -249,6 +272,7 @@ def render_hot(number: str, results: HotResults, args: argparse.Namespace) -> li
         lines.append(
             f"   {backend:<8} {statistics.median(r.rate for r in runs):>10,.0f} "
             f"{_fmt(_median([r.median_ratio for r in runs])):>9} "
+            f"{sum(r.full for r in runs):>5} "
             f"{statistics.median(r.periodic for r in runs):>9g} "
             f"{sum(len(r.aborted) for r in runs):>8} {sum(r.subsumed for r in runs):>9} "
             f"{_fmt(max((r.longest_gap or 0.0) for r in runs)):>10} "
@@ -257,12 +281,14 @@ def render_hot(number: str, results: HotResults, args: argparse.Namespace) -> li
             f"{ms(statistics.median(r.pause for r in runs)):>9} "
             f"{sum(r.cut for r in runs):>2}/{len(runs)}")
         for r in runs:
+            lines.append(f"      slowest: {r.slowest}")
             for n, reason in sorted(r.aborted.items()):
                 lines.append(f"      aborted: checkpoint {n}: {reason}")
     lines += [
         "",
         "   chk/full: median checkpointed/full of the periodic checkpoints after the load",
-        "   (median over runs); aborted: periodic checkpoints aborted (all runs), not counting",
+        "   (median over runs); full: those of them that wrote at least half of the state",
+        "   (all runs); aborted: periodic checkpoints aborted (all runs), not counting",
         "   those in flight at the end of the input (subsumed by the final one); max gap: the",
         "   longest time between two checkpoint completions (worst run)",
         "",

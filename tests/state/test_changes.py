@@ -72,6 +72,23 @@ def test_hot_keys_are_counted_once_and_unique_keys_stop_the_folding() -> None:
     assert sum(map(len, batches)) == 100_000
 
 
+def test_folding_starts_again_after_each_snapshot() -> None:
+    """An interval of new keys (a load) stops the folding for that interval
+    only: after the snapshot takes them, hot keys are folded again, so what
+    is left to fold at the next barrier stays below ``dedup_every`` and a
+    batch, however many writes the interval had."""
+    ch = Changes(True)
+    for i in range(50):
+        ch.add_batch(list(range(i * 1000, (i + 1) * 1000)))
+    assert len(ch) == 50_000
+    ch.take()
+    rng = random.Random(3)
+    for _ in range(100):
+        ch.add_batch(rng.choices(range(40), k=1000))
+        assert len(ch) <= 40 + Changes.dedup_every + 1000
+    assert ch.count() == 40
+
+
 def test_a_budget_counts_distinct_keys() -> None:
     """A budget of 100 keys holds 60 hot keys written 10,000 times, and is
     exceeded by 150 distinct ones."""

@@ -229,6 +229,7 @@ class Changes:
         self._batched = 0
         self._seen = set()
         self._dedup = True
+        self._reset_cap()
         return keys, ([seen, *batches] if seen else batches)
 
     def take_written(self) -> Written | None:
@@ -240,9 +241,7 @@ class Changes:
             self._dedup = True
             self._reset_cap()
             return None
-        written = self.take()
-        self._reset_cap()
-        return written
+        return self.take()
 
     def _reset_cap(self) -> None:
         # How many batched keys to hold before de-duplicating them, or
