@@ -121,7 +121,10 @@ class HotRun:
     subsumed: int
     longest_gap: float | None  # between two completions
     durations: list[float]
+    #: The keyed tasks' synchronous phases in the hot phase's checkpoints,
+    #: and the records each of those checkpoints covers.
     syncs: list[float]
+    covered: list[int]
     pause: float
     #: The longest periodic checkpoint, where its time went (see ``_anatomy``).
     slowest: str = ""
@@ -190,9 +193,9 @@ def run_hot(backend: str, data: HotData, expected: Expected, args: argparse.Name
         remove_chk_dir(folder)
         drop_local(local)
     periodic = [c for c in infos if not c.final]
-    ratios = [c.checkpointed_size / c.full_size
-              for before, c in itertools.pairwise(periodic)
-              if _position(before) >= data.load and c.full_size]
+    hot_phase = [(before, c) for before, c in itertools.pairwise(periodic)
+                 if _position(before) >= data.load]
+    ratios = [c.checkpointed_size / c.full_size for _, c in hot_phase if c.full_size]
     done = sorted(c.completed_at for c in infos)
     gaps = [b - a for a, b in itertools.pairwise(done)]
     subsumed = sum(reason == _SUBSUMED for reason in aborts.aborted.values())
@@ -202,7 +205,8 @@ def run_hot(backend: str, data: HotData, expected: Expected, args: argparse.Name
                  len(periodic),
                  {n: r for n, r in aborts.aborted.items() if r != _SUBSUMED}, subsumed,
                  max(gaps, default=None), [c.duration for c in periodic],
-                 keyed_sync_durations(infos), pause,
+                 keyed_sync_durations([c for _, c in hot_phase]),
+                 [_position(c) - _position(before) for before, c in hot_phase], pause,
                  "" if slowest is None else _anatomy(slowest, data.load),
                  sum(r > 0.5 for r in ratios))
     return run, errors
@@ -262,13 +266,14 @@ def render_hot(number: str, results: HotResults, args: argparse.Namespace) -> li
     ]
     header = (f"   {'backend':<8} {'records/s':>10} {'chk/full':>9} {'full':>5} {'periodic':>9} "
               f"{'aborted':>8} {'subsumed':>9} {'max gap s':>10} {'dur p50 ms':>11} "
-              f"{'dur max ms':>11} {'sync p99 ms':>12} {'pause ms':>9} {'cut':>4}")
+              f"{'dur max ms':>11} {'sync p99/max ms':>16} {'rec/chk max':>12} "
+              f"{'pause ms':>9} {'cut':>4}")
     lines += [header, "   " + "-" * (len(header) - 3)]
     for backend, runs in results.runs.items():
         if not runs:
             continue
         durations = [d for r in runs for d in r.durations]
-        syncs = [s for r in runs for s in r.syncs]
+        syncs = [x for r in runs for x in r.syncs]
         lines.append(
             f"   {backend:<8} {statistics.median(r.rate for r in runs):>10,.0f} "
             f"{_fmt(_median([r.median_ratio for r in runs])):>9} "
@@ -277,7 +282,8 @@ def render_hot(number: str, results: HotResults, args: argparse.Namespace) -> li
             f"{sum(len(r.aborted) for r in runs):>8} {sum(r.subsumed for r in runs):>9} "
             f"{_fmt(max((r.longest_gap or 0.0) for r in runs)):>10} "
             f"{ms(percentile(durations, 50)):>11} {ms(max(durations, default=None)):>11} "
-            f"{ms(percentile(syncs, 99)):>12} "
+            f"{ms(percentile(syncs, 99)) + ' / ' + ms(max(syncs, default=None)):>16} "
+            f"{max((n for r in runs for n in r.covered), default=0):>12,} "
             f"{ms(statistics.median(r.pause for r in runs)):>9} "
             f"{sum(r.cut for r in runs):>2}/{len(runs)}")
         for r in runs:
@@ -290,7 +296,9 @@ def render_hot(number: str, results: HotResults, args: argparse.Namespace) -> li
         "   (median over runs); full: those of them that wrote at least half of the state",
         "   (all runs); aborted: periodic checkpoints aborted (all runs), not counting",
         "   those in flight at the end of the input (subsumed by the final one); max gap: the",
-        "   longest time between two checkpoint completions (worst run)",
+        "   longest time between two checkpoint completions (worst run); sync: the keyed",
+        "   tasks' synchronous phase in the hot phase's checkpoints, each covering at most",
+        "   'rec/chk max' records (source positions); slowest: the longest periodic checkpoint",
         "",
     ]
     return lines
