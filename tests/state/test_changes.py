@@ -101,6 +101,28 @@ def test_a_budget_counts_distinct_keys() -> None:
     assert many.saturated and many.take_written() is None
 
 
+def test_unique_keys_ask_the_budget_only_when_the_lists_could_reach_it() -> None:
+    """New keys into a table of 100k entries (half of them the budget,
+    growing with the table): the lists are not folded after the first
+    probe, and the budget is asked again only when the lists could have
+    reached it, not at every batch."""
+    table = [100_000]
+    asked = [0]
+
+    def budget() -> float:
+        asked[0] += 1
+        return table[0] / 2
+
+    ch = Changes(True, budget)
+    ch.take_written()
+    asked[0] = 0
+    for i in range(95):
+        ch.add_batch(list(range(i * 1000, (i + 1) * 1000)))
+        table[0] += 1000
+    assert not ch.saturated and len(ch) == 95_000
+    assert asked[0] <= 10
+
+
 @pytest.mark.parametrize("backend", ["memory", "rocksdb"])
 def test_one_percent_hot_keys_written_many_times_make_a_small_snapshot(
         tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:

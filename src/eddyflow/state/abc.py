@@ -141,8 +141,9 @@ class Changes:
             return
         cap: float = self.dedup_every if self._dedup else self.fold
         if limit is not None:
-            # The budget grew with the table: look again when it is reached.
-            cap = min(cap, max(0.0, limit - len(self)))
+            # The budget grew with the table: look again when the lists
+            # would reach it.
+            cap = min(cap, max(0.0, limit - (len(self) - self._batched)))
         self._cap = cap
         if self._dedup:
             return
