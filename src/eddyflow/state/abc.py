@@ -78,16 +78,16 @@ class Changes:
     (:meth:`count`): a few hot keys written a million times are a small
     delta. So the lists are de-duplicated into a set (``set.update`` per
     list, at C speed) every ``dedup_every`` keys recorded, as long as that
-    pays: a key written again is a hash look-up of a key in the cache
-    (measured: 2 ms for 200k writes of 1,500 keys, where the keyed sum
-    itself takes 140 ms). When a fold finds mostly new keys (uniform keys
-    over a large state, where each insert is a cache miss: 24 ms for 200k)
-    de-duplicating stops until the next snapshot, and the lists are counted
-    as they are (an upper bound). One fold of ``dedup_every`` keys per
-    interval is the price of finding out (see ``benchmarks/state.py``,
-    scenario hot-keys). Past ``fold`` keys in lists (a long interval), the
-    lists are folded into the set to bound their memory, a slice per batch
-    recorded.
+    pays: a key written again is a hash look-up of a key in the cache, a
+    small fraction of what the keyed operator spent on it. When a fold finds
+    mostly new keys (uniform keys over a large state, each insert a cache
+    miss) de-duplicating stops until the next snapshot, and the lists are
+    counted as they are (an upper bound; a Zipf law of exponent 1 over 300k
+    keys is still counted exactly, one of 0.8 is not): one fold of
+    ``dedup_every`` keys per interval is the price of finding out (see
+    ``benchmarks/state.py --scenarios hot-keys`` and the uniform ``sum``
+    rows). Past ``fold`` keys in lists (a long interval), the lists are
+    folded into the set to bound their memory, a slice per batch recorded.
 
     A backend whose next snapshot will not use the keys once there are too
     many of them (the memory backend writes every entry once a fifth of
