@@ -108,6 +108,13 @@ against a memory-backend baseline of the same run:
    it over ``fork``/``exec`` from the parent, so a child reports the
    benchmark's own peak. ``--rss-repeat`` rounds (default 1).
 
+**Hot keys** (``hot-keys``, both backends; not in the default selection):
+``--hot-state-keys`` keys (300,000) loaded, then ``--hot-updates``
+(5,000,000) updates to ``--hot-fraction`` of them (1%), a keyed sum at
+parallelism 2 with ABS checkpoints every ``--hot-interval`` (0.1 s): median
+checkpointed/full of the checkpoints after the load, aborted checkpoints,
+the longest gap between two completions (``benchmarks/state_hotkeys.py``).
+
 The sink is exactly-once like every eddyflow sink (it stages a transaction
 per checkpoint and commits it when the checkpoint completes) but keeps only
 what the benchmark verifies: the number of committed records and the total
@@ -131,7 +138,7 @@ is OPEN.
 
 ``--backend memory|rocksdb|both`` picks the rows (scenarios 1-3, 4-8, all);
 ``--scenarios`` names them instead (``sum change restore rocksdb-throughput
-rocksdb-change rocksdb-restore rss``). Sizes: ``--keys`` (running sum,
+rocksdb-change rocksdb-restore rss hot-keys``). Sizes: ``--keys`` (running sum,
 1% change, restore), ``--records``, ``--words``, ``--rss-keys``; ``--quick``
 shrinks them all.
 
@@ -145,6 +152,7 @@ reach (``gc.freeze()``). Checkpoints go under the system's temporary folder
     python benchmarks/state.py --backend rocksdb --keys 100000 --rss-keys 500000
     python benchmarks/state.py --quick          # 100k keys, 1M records, 1 round (1-2 min)
     python benchmarks/state.py --quick --scenarios rss       # only the peak-RSS rows
+    python benchmarks/state.py --scenarios hot-keys          # only the hot-key rows
     python benchmarks/state.py --json benchmarks/results/state.json
     python benchmarks/state.py --profile --scenarios   # only a profile of one ABS run
 """
@@ -171,9 +179,12 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import eddyflow as ef
+
+if TYPE_CHECKING:
+    from state_hotkeys import HotResults
 
 DEFAULT_KEYS = 1_000_000
 DEFAULT_RECORDS = 3_000_000
@@ -185,7 +196,9 @@ DEFAULT_RSS_KEYS = 5_000_000
 QUICK_RSS_KEYS = 500_000
 MEMORY_SCENARIOS = ("sum", "change", "restore")
 ROCKSDB_SCENARIOS = ("rocksdb-throughput", "rocksdb-change", "rocksdb-restore", "rss")
-SCENARIOS = MEMORY_SCENARIOS + ROCKSDB_SCENARIOS
+#: Scenarios run only when ``--scenarios`` names them.
+OTHER_SCENARIOS = ("hot-keys",)
+SCENARIOS = MEMORY_SCENARIOS + ROCKSDB_SCENARIOS + OTHER_SCENARIOS
 BACKENDS = ("memory", "rocksdb")
 #: Goals of the issue.
 ABS_MIN_RATIO = 0.85
@@ -1467,8 +1480,10 @@ def environment_line() -> str:
 
 def render(args: argparse.Namespace, summary: dict[str, dict[str, Any]],
            change: ChangeOutcome | None, restore: RestoreTimes | None, goals: list[Goal],
-           errors: list[str], total_runs: int, rocks: RocksResults | None = None) -> str:
-    backends = "memory and RocksDB backends" if rocks is not None else "memory backend"
+           errors: list[str], total_runs: int, rocks: RocksResults | None = None,
+           hot: HotResults | None = None) -> str:
+    both = rocks is not None or hot is not None
+    backends = "memory and RocksDB backends" if both else "memory backend"
     lines = [
         f"eddyflow checkpoint cost against state size ({backends})",
         f"env:   {environment_line()}",
@@ -1510,6 +1525,10 @@ def render(args: argparse.Namespace, summary: dict[str, dict[str, Any]],
                                 "checkpoint of the 1% change job", restore, args)
     if rocks is not None:
         lines += render_rocks(args, rocks)
+    if hot is not None:
+        from state_hotkeys import render_hot
+
+        lines += render_hot("9.", hot, args)
     if goals:
         lines.append("goals:")
         width = max(48, *(len(g.label) for g in goals))
@@ -1797,7 +1816,8 @@ def rocks_json(rocks: RocksResults | None) -> dict[str, Any] | None:
 
 def write_json(path: Path, args: argparse.Namespace, summary: dict[str, dict[str, Any]],
                change: ChangeOutcome | None, restore: RestoreTimes | None, goals: list[Goal],
-               errors: list[str], rocks: RocksResults | None = None) -> None:
+               errors: list[str], rocks: RocksResults | None = None,
+               hot: HotResults | None = None) -> None:
     report: dict[str, Any] = {
         "benchmark": "checkpoint cost against state size, memory"
                      + (" and RocksDB backends" if rocks is not None else " backend"),
@@ -1809,11 +1829,18 @@ def write_json(path: Path, args: argparse.Namespace, summary: dict[str, dict[str
         "change": change_json(change),
         "restore": restore_json(restore),
         "rocksdb": rocks_json(rocks),
+        "hot_keys": None if hot is None else hot_json(hot),
         "goals": [{"goal": g.label, "status": g.status, "detail": g.detail} for g in goals],
         "mismatches": errors,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def hot_json(hot: HotResults) -> dict[str, Any] | None:
+    from state_hotkeys import hot_json as as_json
+
+    return as_json(hot)
 
 
 # -- main ------------------------------------------------------------------------------------
@@ -1897,6 +1924,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--rss-timeout", type=float, default=1800.0,
                    help="longest a peak-RSS child may run, seconds (default 1800)")
     p.add_argument("--rss-child", choices=BACKENDS, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--hot-state-keys", type=int, default=None,
+                   help="hot keys: keys loaded (default 300,000; --quick 100,000)")
+    p.add_argument("--hot-updates", type=int, default=None,
+                   help="hot keys: updates after the load (default 5,000,000; --quick 1,000,000)")
+    p.add_argument("--hot-fraction", type=float, default=0.01,
+                   help="hot keys: the fraction of the keys updated (default 0.01)")
+    p.add_argument("--hot-interval", type=float, default=0.1,
+                   help="hot keys: checkpoint interval in seconds (default 0.1)")
+    p.add_argument("--hot-repeat", type=int, default=None,
+                   help="hot keys: runs per backend (default --repeat)")
     p.add_argument("--seed", type=int, default=42, help="data seed (default 42)")
     p.add_argument("--chk-dir", default=None, metavar="DIR",
                    help="where the checkpoint folders go (default: the temporary folder)")
@@ -1920,6 +1957,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "words": QUICK_WORDS if q else DEFAULT_WORDS,
         "rocksdb_max_run_seconds": 60.0 if q else 180.0,
         "rss_keys": QUICK_RSS_KEYS if q else DEFAULT_RSS_KEYS,
+        "hot_state_keys": 100_000 if q else 300_000,
+        "hot_updates": 1_000_000 if q else 5_000_000,
     }
     for name, value in defaults.items():
         if getattr(args, name) is None:
@@ -1928,23 +1967,28 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.change_keys = args.keys
     if args.rocksdb_repeat is None:
         args.rocksdb_repeat = args.repeat
+    if args.hot_repeat is None:
+        args.hot_repeat = args.repeat
     if args.scenarios is None:
         args.scenarios = list({"memory": MEMORY_SCENARIOS, "rocksdb": ROCKSDB_SCENARIOS,
-                               "both": SCENARIOS}[args.backend])
+                               "both": MEMORY_SCENARIOS + ROCKSDB_SCENARIOS}[args.backend])
     for name in ("keys", "records", "repeat", "rounds", "restore_repeat", "change_keys",
                  "words", "vocabulary", "rocksdb_repeat", "rocksdb_cache_size",
                  "rocksdb_block_cache_mb", "rocksdb_write_buffer_mb", "rss_keys",
-                 "rss_cache_size", "rss_block_cache_mb", "rss_repeat"):
+                 "rss_cache_size", "rss_block_cache_mb", "rss_repeat", "hot_state_keys",
+                 "hot_updates", "hot_repeat"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.warmup < 0:
         p.error("--warmup must be >= 0")
     for name in ("interval", "change_interval", "max_run_seconds", "profile_interval",
-                 "gate_timeout", "rss_timeout", "rocksdb_max_run_seconds"):
+                 "gate_timeout", "rss_timeout", "rocksdb_max_run_seconds", "hot_interval"):
         if not getattr(args, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be > 0")
     if not 0 < args.change <= 1:
         p.error("--change must be in (0, 1]")
+    if not 0 < args.hot_fraction <= 1:
+        p.error("--hot-fraction must be in (0, 1]")
     return args
 
 
@@ -2068,6 +2112,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         errors += errs
         total_runs += n
 
+    hot = None
+    if "hot-keys" in wanted:
+        from state_hotkeys import hot_scenario  # benchmarks/: the script's folder
+
+        note(f"hot keys: {args.hot_state_keys:,} keys, {args.hot_updates:,} updates, "
+             f"{args.hot_repeat} run(s) per backend ...")
+        hot, errs, n = hot_scenario(args, verbose)
+        errors += errs
+        total_runs += n
+
     profile = ""
     if args.profile:
         note("profiling one ABS run of the running sum ...")
@@ -2077,9 +2131,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     goals = evaluate(summary, change)
     if rocks is not None:
         goals += evaluate_rocks(rocks, args)
-    print(render(args, summary, change, restore, goals, errors, total_runs, rocks))
+    if hot is not None:
+        from state_hotkeys import evaluate_hot
+
+        goals += evaluate_hot(hot)
+    print(render(args, summary, change, restore, goals, errors, total_runs, rocks, hot))
     if args.json:
-        write_json(args.json, args, summary, change, restore, goals, errors, rocks)
+        write_json(args.json, args, summary, change, restore, goals, errors, rocks, hot)
         print(f"wrote {args.json}")
     if profile:
         print("\nprofile of one ABS run of the running sum (pyinstrument; sampling overhead "
