@@ -159,9 +159,9 @@ def test_a_dead_helper_is_an_error_not_a_hang(tmp_path: Path) -> None:
         w = await _started()
         try:
             await w.write(str(tmp_path / "a"), b"a")
-            assert w._process is not None
-            w._process.kill()
-            await w._process.wait()
+            assert w._transport is not None and w._answers is not None
+            w._transport.kill()
+            await w._answers.exited.wait()
             with anyio.fail_after(10), pytest.raises(OSError, match="writer process is gone"):
                 await w.write(str(tmp_path / "b"), b"b")
             assert not w.running
