@@ -96,26 +96,32 @@ class _Answers(asyncio.SubprocessProtocol):
         self._resume()
 
     def pipe_data_received(self, fd: int, data: bytes | str) -> None:
-        if fd != 1:
+        if fd != 1 or self.failed is not None:
             return
         buffer = self._buffer
         buffer += data if isinstance(data, bytes) else data.encode()
         while (end := buffer.find(b"\n")) >= 0:
-            got = json.loads(bytes(buffer[:end]))
+            try:
+                got = json.loads(bytes(buffer[:end]))
+                rid = int(got["id"])
+            except (ValueError, KeyError, TypeError):
+                self.fail("the checkpoint writer process answered garbage")
+                return
             del buffer[:end + 1]
-            waiter = self.waiting.pop(int(got["id"]), None)
+            waiter = self.waiting.pop(rid, None)
             if waiter is not None and not waiter.done():
                 waiter.set_result(got)
         if len(buffer) > _MAX_ANSWER:
             self.fail("the checkpoint writer process answered garbage")
 
     def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
-        if fd in (0, 1):
+        # The end of its answers, read to the last one (its exit may be
+        # reported before them: it alone fails no caller).
+        if fd == 1:
             self.fail("the checkpoint writer process is gone "
                       f"({type(exc).__name__ if exc else 'end of stream'})")
 
     def process_exited(self) -> None:
-        self.fail("the checkpoint writer process is gone (exited)")
         self.exited.set()
 
     def pause_writing(self) -> None:
