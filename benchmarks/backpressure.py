@@ -56,7 +56,7 @@ a checkpoint's asynchronous phase (a write, its answer, the metadata) waits
 for a turn of the loop, and a turn lasts as long as the blocking map takes
 for a batch, twice over (two subtasks): larger batches lengthen every
 checkpoint, unaligned ones included (``--deep-batch-size 256
---deep-capacity 16``: a ratio of 0.29 on a loaded 2-core machine).
+--deep-capacity 16``: see docs/benchmarks.md).
 
 Runs without checkpoints, ``exactly_once``, ``unaligned`` and
 ``exactly_once`` with ``--aligned-timeout`` (switching to unaligned) take

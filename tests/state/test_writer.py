@@ -118,6 +118,41 @@ def test_a_batch_writes_in_order_in_one_round_trip_and_stops_at_a_failure(
     assert sorted(os.listdir(tmp_path)) == ["_commits", "chk-1", "file"]  # no temporaries
 
 
+def test_a_started_write_is_under_way_before_it_is_awaited(tmp_path: Path) -> None:
+    """``start_write`` and ``CheckpointStorage.start_write_file`` send the
+    request at once: the files land while the caller has not awaited yet,
+    and each awaited answer is its own file's (size, checksum, handle)."""
+    storage = CheckpointStorage(tmp_path)
+    one, two = os.urandom(5000), os.urandom(7000)
+
+    async def go() -> None:
+        w = await _started()
+        storage.writer = w
+        try:
+            first = w.start_write(str(tmp_path / "one"), one)
+            second = storage.start_write_file("chk-1/op-0/two", [two[:10], two[10:]])
+            landed = False
+            for _ in range(1000):  # up to 10 s: a hang guard, not a timing bound
+                landed = ((tmp_path / "one").exists()
+                          and (tmp_path / "chk-1" / "op-0" / "two").exists())
+                if landed:
+                    break
+                await anyio.sleep(0.01)
+            assert landed
+            # Awaited in the other order than sent.
+            handle = await second
+            assert handle == FileHandle("chk-1/op-0/two", len(two),
+                                        hashlib.sha256(two).hexdigest())
+            assert await first == (len(one), hashlib.sha256(one).hexdigest())
+        finally:
+            storage.writer = None
+            await w.aclose()
+
+    anyio.run(go)
+    assert (tmp_path / "one").read_bytes() == one
+    assert (tmp_path / "chk-1" / "op-0" / "two").read_bytes() == two
+
+
 def test_remove_deletes_the_marker_first_then_the_tree(tmp_path: Path) -> None:
     folder = tmp_path / "chk-3"
     (folder / "op-0").mkdir(parents=True)
@@ -159,9 +194,9 @@ def test_a_dead_helper_is_an_error_not_a_hang(tmp_path: Path) -> None:
         w = await _started()
         try:
             await w.write(str(tmp_path / "a"), b"a")
-            assert w._process is not None
-            w._process.kill()
-            await w._process.wait()
+            assert w._transport is not None and w._answers is not None
+            w._transport.kill()
+            await w._answers.exited.wait()
             with anyio.fail_after(10), pytest.raises(OSError, match="writer process is gone"):
                 await w.write(str(tmp_path / "b"), b"b")
             assert not w.running

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import pickle
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,10 +58,13 @@ def encode_batch(records: list[Any], timestamps: list[Any] | None) -> bytes:
     return pickle.dumps((records, timestamps), protocol=pickle.HIGHEST_PROTOCOL)
 
 
-async def write_backedge_log(storage: CheckpointStorage, relpath: str,
-                             log: BackEdgeRecords) -> FileHandle:
+def write_backedge_log(storage: CheckpointStorage, relpath: str,
+                       log: BackEdgeRecords) -> Coroutine[Any, Any, FileHandle]:
+    """Write a loop head's back-edge log to ``relpath``; the request goes to
+    the writer process before this returns (``CheckpointStorage.start_write_file``):
+    await the result for the file's handle."""
     body = encode_logged_channels({str(i): blobs for i, blobs in log.channels.items()})
-    return await storage.write_file(relpath, [body])
+    return storage.start_write_file(relpath, [body])
 
 
 def _read(root: str, handle: FileHandle) -> tuple[bytes, str]:

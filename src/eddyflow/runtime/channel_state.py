@@ -18,7 +18,7 @@ they were at the barrier.
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,12 +105,15 @@ class ChannelStateLog:
         return not self.waiting
 
 
-async def write_channel_state(storage: CheckpointStorage, relpath: str,
-                              inputs: Mapping[str, list[bytes]],
-                              outputs: Mapping[str, list[bytes]]) -> FileHandle:
+def write_channel_state(storage: CheckpointStorage, relpath: str,
+                        inputs: Mapping[str, list[bytes]],
+                        outputs: Mapping[str, list[bytes]]) -> Coroutine[Any, Any, FileHandle]:
+    """Write a task's channel state to ``relpath``; the request goes to the
+    writer process before this returns (``CheckpointStorage.start_write_file``):
+    await the result for the file's handle."""
     channels = {f"in/{k}": v for k, v in inputs.items()}
     channels.update({f"out/{k}": v for k, v in outputs.items()})
-    return await storage.write_file(relpath, [encode_logged_channels(channels)])
+    return storage.start_write_file(relpath, [encode_logged_channels(channels)])
 
 
 def read_channel_state(root: str, handle: FileHandle

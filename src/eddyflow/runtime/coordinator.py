@@ -150,7 +150,8 @@ class CheckpointCoordinator:
         self._pending: _Pending | None = None
         self._final: _Pending | None = None
         self._completing: set[int] = set()  # metadata being written: not incomplete
-        self._completion_lock = anyio.Lock()
+        # Taken at once when free: a plain acquire yields a turn of the loop.
+        self._completion_lock = anyio.Lock(fast_acquire=True)
         self._finished: set[tuple[int, int]] = set()
         self._stopped = False
         self._resume = anyio.Event()

@@ -12,10 +12,10 @@ its operators' state and its source's position back (``_restore``).
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -239,24 +239,18 @@ class Snapshotting:
             if uid in watermarks:
                 # The operator's event time at the barrier (metadata `extra`).
                 part["watermark"] = encode_watermark(watermarks[uid])
-        if backlog is None and n not in self._captured:
-            # Nothing in flight (an aligned checkpoint off loops): no task
-            # to schedule, whose start would cost a turn of the loop.
+        # The records in flight and the keyed state go to the writer process
+        # together, without a task per part: each round trip, and a task's
+        # start and end, wait for turns of a busy loop (the deep pipeline of
+        # ``benchmarks/backpressure.py`` counts them).
+        flight = self._start_in_flight_files(n, storage, backlog, parts, files)
+        try:
             await self._keyed_files(snaps, parts, files)
-            state_records = state_size = 0
-        else:
-            # The keyed state and the records in flight go to the writer
-            # process together: each write waits for turns of a busy loop,
-            # so one after the other would add up.
-            keyed, flight = await asyncio.gather(
-                self._keyed_files(snaps, parts, files),
-                self._in_flight_files(n, storage, backlog, parts, files),
-                return_exceptions=True)
-            if isinstance(keyed, BaseException):
-                raise keyed
-            if isinstance(flight, BaseException):
-                raise flight
-            state_records, state_size = flight
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await flight  # under way: let it land or fail before giving up
+            raise
+        state_records, state_size = await flight
         await coordinator.acknowledge(self, n, TaskSnapshot(
             parts, files, alignment, sync_duration, time.monotonic() - t0,
             unaligned=n in self._unaligned_ids, channel_state_records=state_records,
@@ -276,25 +270,25 @@ class Snapshotting:
             if snap.committables:
                 part["committables"] = snap.committables
 
-    async def _in_flight_files(self, n: int, storage: CheckpointStorage | None,
+    def _start_in_flight_files(self, n: int, storage: CheckpointStorage | None,
                                backlog: ChannelStateLog | None,
                                parts: dict[str, dict[str, Any]], files: list[FileHandle]
-                               ) -> tuple[int, int]:
-        """Write checkpoint ``n``'s records in flight: a loop head's back-edge
-        log, and the channel state of an unaligned checkpoint. Returns the
-        channel state's records and bytes."""
+                               ) -> Coroutine[Any, Any, tuple[int, int]]:
+        """Start writing checkpoint ``n``'s records in flight: a loop head's
+        back-edge log, and the channel state of an unaligned checkpoint (the
+        requests go to the writer process now). Await the result: the
+        channel state's records and bytes, once the files are durable."""
         inputs: dict[str, list[bytes]] = {}
         in_counts: dict[str, int] = {}
+        backedge: tuple[str, int, Coroutine[Any, Any, FileHandle]] | None = None
         if backlog is not None and storage is not None and backlog.back_edges:
             # The back-edge log belongs to the head operator, first in this task.
             head = self.operators[0].uid
             rel = f"{checkpoint_dir_name(n)}/{head}-{self.subtask}/backedge-log"
             back = {i: backlog.records.get(i, []) for i in backlog.back_edges}
             logged = sum(backlog.counts.get(i, 0) for i in backlog.back_edges)
-            handle = await write_backedge_log(storage, rel, BackEdgeRecords(back, logged))
-            files.append(handle)
-            parts.setdefault(head, {})["backedge"] = {"file": handle.to_json(),
-                                                      "records": logged}
+            backedge = head, logged, write_backedge_log(storage, rel,
+                                                        BackEdgeRecords(back, logged))
         if backlog is not None and self.gate is not None:
             for i, blobs in backlog.records.items():
                 if i not in backlog.back_edges and blobs:
@@ -303,16 +297,37 @@ class Snapshotting:
                     in_counts[key] = backlog.counts.get(i, 0)
         captured = self._captured.pop(n, None)
         outputs = {k: v for k, v in captured.blobs.items() if v} if captured else {}
-        if not (inputs or outputs) or storage is None:
-            return 0, 0
-        owner = self.state_owner
-        rel = f"{checkpoint_dir_name(n)}/{owner}-{self.subtask}/channel-state"
-        handle = await write_channel_state(storage, rel, inputs, outputs)
-        files.append(handle)
         out_counts = {k: captured.counts[k] for k in outputs} if captured else {}
-        parts.setdefault(owner, {})["channel_state"] = {
-            "file": handle.to_json(), "inputs": in_counts, "outputs": out_counts}
-        return sum(in_counts.values()) + sum(out_counts.values()), handle.size
+        owner = self.state_owner
+        channel_state = None
+        if (inputs or outputs) and storage is not None:
+            rel = f"{checkpoint_dir_name(n)}/{owner}-{self.subtask}/channel-state"
+            try:
+                channel_state = write_channel_state(storage, rel, inputs, outputs)
+            except BaseException:
+                if backedge is not None:
+                    backedge[2].close()
+                raise
+
+        async def written() -> tuple[int, int]:
+            # Both awaited, even if the first fails: neither is left behind.
+            try:
+                if backedge is not None:
+                    head, logged, pending = backedge
+                    log_handle = await pending
+                    files.append(log_handle)
+                    parts.setdefault(head, {})["backedge"] = {"file": log_handle.to_json(),
+                                                              "records": logged}
+            finally:
+                handle = await channel_state if channel_state is not None else None
+            if handle is None:
+                return 0, 0
+            files.append(handle)
+            parts.setdefault(owner, {})["channel_state"] = {
+                "file": handle.to_json(), "inputs": in_counts, "outputs": out_counts}
+            return sum(in_counts.values()) + sum(out_counts.values()), handle.size
+
+        return written()
 
     def _restore(self, restored: RestoredCheckpoint) -> None:
         for op in self.operators:

@@ -25,7 +25,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, ParamSpec, TypeVar
 
@@ -206,6 +206,23 @@ class CheckpointStorage:
         else:
             size, sha = await _run_off_loop(_write_durably, path, data)
         return FileHandle(relpath, size, sha)
+
+    def start_write_file(self, relpath: str, chunks: Iterable[bytes]
+                         ) -> Coroutine[Any, Any, FileHandle]:
+        """:meth:`write_file`, with the request to the writer process (when
+        there is one) sent before this returns, for a caller to await
+        together with another write (see ``WriterProcess.start_write``).
+        Await the result, or close it."""
+        writer = self._running_writer()
+        if writer is None:
+            return self.write_file(relpath, chunks)
+        written = writer.start_write(os.path.join(self.root, relpath), list(chunks))
+
+        async def handle() -> FileHandle:
+            size, sha = await written
+            return FileHandle(relpath, size, sha)
+
+        return handle()
 
     def open_temp(self, relpath: str) -> tuple[str, BinaryIO]:
         """A new file under a temporary name next to ``relpath`` (under the

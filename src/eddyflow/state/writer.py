@@ -21,12 +21,14 @@ Calls are shielded from cancellation: a failing job waits for a write to
 land or fail rather than leave a checkpoint to complete behind its back.
 
 Calls are pipelined: each request goes into the pipe at once (a ``write`` of
-whole bytes cannot interleave with another's), and whichever caller reads
-the helper's answers hands each to its caller's future as it reads it. On a
-busy event loop every hand-off through a lock costs a turn of the loop
-(10-25 ms when a task's batch takes that long): with a lock per direction
-the writes of one checkpoint's dozen tasks went through one after another
-(measured: 15-20 ms apart under back-pressure); now they land together.
+whole bytes cannot interleave with another's), and the helper's answers are
+read in the event loop's callback for the pipe, which hands each to its
+caller's future as it reads it. On a busy event loop every hand-off costs a
+turn of the loop (as long as the tasks' batches take, under back-pressure
+100 ms and more), so an answer reaches its caller in the turn after the one
+that reads it: not through a stream read by a task, which wakes a turn later
+and wakes the callers a turn after that (``benchmarks/backpressure.py``'s
+deep pipeline, whose asynchronous phase is counted in turns).
 """
 
 from __future__ import annotations
@@ -38,13 +40,11 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from anyio.abc import Process
-from anyio.streams.buffered import BufferedByteReceiveStream
 
 from eddyflow.state._writer_main import encode_request
 
@@ -72,39 +72,117 @@ class FileWrite:
     sync_after: Sequence[str] = ()
 
 
+class _Answers(asyncio.SubprocessProtocol):
+    """The helper process's side of the event loop: its answers, read in
+    the loop's own callback as they arrive, each handed straight to its
+    caller's future; the request pipe's flow control; the helper's exit."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.failed: str | None = None
+        self.exited = anyio.Event()
+        self._buffer = bytearray()
+        self._writable: asyncio.Future[None] | None = None
+
+    def fail(self, reason: str) -> None:
+        """Every caller still waiting gets ``reason``, and so does every
+        later one."""
+        if self.failed is None:
+            self.failed = reason
+        for waiter in self.waiting.values():
+            if not waiter.done():
+                waiter.set_exception(OSError(self.failed))
+        self.waiting.clear()
+        self._resume()
+
+    def pipe_data_received(self, fd: int, data: bytes | str) -> None:
+        if fd != 1 or self.failed is not None:
+            return
+        buffer = self._buffer
+        buffer += data if isinstance(data, bytes) else data.encode()
+        while (end := buffer.find(b"\n")) >= 0:
+            try:
+                got = json.loads(bytes(buffer[:end]))
+                rid = int(got["id"])
+            except (ValueError, KeyError, TypeError):
+                self.fail("the checkpoint writer process answered garbage")
+                return
+            del buffer[:end + 1]
+            waiter = self.waiting.pop(rid, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(got)
+        if len(buffer) > _MAX_ANSWER:
+            self.fail("the checkpoint writer process answered garbage")
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        # The end of its answers, read to the last one (its exit may be
+        # reported before them: it alone fails no caller).
+        if fd == 1:
+            self.fail("the checkpoint writer process is gone "
+                      f"({type(exc).__name__ if exc else 'end of stream'})")
+
+    def process_exited(self) -> None:
+        self.exited.set()
+
+    def pause_writing(self) -> None:
+        if self._writable is None:
+            self._writable = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        self._resume()
+
+    def _resume(self) -> None:
+        writable, self._writable = self._writable, None
+        if writable is not None and not writable.done():
+            writable.set_result(None)
+
+    async def drain(self) -> None:
+        """Wait while the request pipe is full (a large snapshot's bytes)."""
+        while self._writable is not None and self.failed is None:
+            await asyncio.shield(self._writable)
+
+
 class WriterProcess:
     """A helper process writing checkpoint files durably."""
 
     def __init__(self) -> None:
-        self._process: Process | None = None
-        self._answers: BufferedByteReceiveStream | None = None
+        self._transport: asyncio.SubprocessTransport | None = None
+        self._answers: _Answers | None = None
         self._ids = itertools.count(1)
-        # Answers not yet read, by request id, and whether a caller reads.
-        self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self._reading = False
-        self._reader_free: asyncio.Future[None] | None = None
-        self._failed: str | None = None
 
     async def start(self) -> None:
-        self._process = await anyio.open_process(
-            [sys.executable, "-I", "-S", _HELPER, str(os.getpid())],
+        loop = asyncio.get_running_loop()
+        self._transport, self._answers = await loop.subprocess_exec(
+            _Answers, sys.executable, "-I", "-S", _HELPER, str(os.getpid()),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None)
-        assert self._process.stdout is not None
-        self._answers = BufferedByteReceiveStream(self._process.stdout)
 
     @property
     def running(self) -> bool:
-        return self._process is not None and self._failed is None
+        return self._transport is not None and self._answers is not None \
+            and self._answers.failed is None
 
     async def write(self, path: str, data: bytes | Sequence[bytes],
                     sync_before: Sequence[str] = (),
                     sync_after: Sequence[str] = ()) -> tuple[int, str]:
         """Write ``data`` (bytes, or chunks to write one after the other) to
         ``path`` durably; returns its size and SHA-256."""
-        answer = await self._call({"op": "write", "path": path,
-                                   "sync_before": list(sync_before),
-                                   "sync_after": list(sync_after)}, data, path)
-        return int(answer["size"]), str(answer["sha256"])
+        return await self.start_write(path, data, sync_before, sync_after)
+
+    def start_write(self, path: str, data: bytes | Sequence[bytes],
+                    sync_before: Sequence[str] = (), sync_after: Sequence[str] = ()
+                    ) -> Coroutine[Any, Any, tuple[int, str]]:
+        """:meth:`write`, with the request sent before this returns: a caller
+        with two files to write awaits both answers in the same turns of the
+        loop rather than one round trip after the other, without a task
+        (whose start and end cost turns too). Await the result, or close it."""
+        answer = self._send({"op": "write", "path": path, "sync_before": list(sync_before),
+                             "sync_after": list(sync_after)}, data)
+
+        async def written() -> tuple[int, str]:
+            got = await self._answer(answer, path)
+            return int(got["size"]), str(got["sha256"])
+
+        return written()
 
     async def write_batch(self, writes: Sequence[FileWrite]) -> list[tuple[int, str]]:
         """Write ``writes`` durably in order, each before the next begins,
@@ -129,79 +207,55 @@ class WriterProcess:
 
     async def _call(self, header: dict[str, Any], payload: bytes | Sequence[bytes],
                     what: str) -> dict[str, Any]:
-        with anyio.CancelScope(shield=True):
-            answer = await self._exchange(header, payload)
-        if not answer["ok"]:
-            errno = answer.get("errno")
-            if errno is not None:
-                raise OSError(errno, f"checkpoint writer: {answer['error']}", what)
-            raise OSError(f"checkpoint writer: {answer['error']} ({what})")
-        return answer
+        return await self._answer(self._send(header, payload), what)
 
-    async def _exchange(self, header: dict[str, Any], payload: bytes | Sequence[bytes]
-                        ) -> dict[str, Any]:
-        process, answers = self._process, self._answers
-        if process is None or answers is None or process.stdin is None:
+    def _send(self, header: dict[str, Any], payload: bytes | Sequence[bytes]
+              ) -> asyncio.Future[dict[str, Any]]:
+        """Send a request; the future its answer goes to."""
+        transport, answers = self._transport, self._answers
+        pipe = transport.get_pipe_transport(0) if transport is not None else None
+        if answers is None or not isinstance(pipe, asyncio.WriteTransport):
             raise RuntimeError("the checkpoint writer process is not running")
-        if self._failed is not None:
-            raise OSError(self._failed)
+        if answers.failed is not None:
+            raise OSError(answers.failed)
         rid = next(self._ids)
         request = encode_request(dict(header, id=rid), payload)
-        answer = self._waiting[rid] = asyncio.get_running_loop().create_future()
-        try:
-            # No lock: the request's bytes go into the pipe whole before the
-            # first await, and concurrent drains are safe.
-            await process.stdin.send(request)
-            # The helper answers in order; whoever reads hands each answer to
-            # its caller, so no reader task has to outlive the callers.
-            while not answer.done():
-                if self._reading:
-                    free = self._reader_free
-                    if free is None or free.done():
-                        free = self._reader_free = asyncio.get_running_loop().create_future()
-                    await asyncio.wait((answer, free), return_when=asyncio.FIRST_COMPLETED)
-                    continue
-                self._reading = True
-                try:
-                    while not answer.done():
-                        line = await answers.receive_until(b"\n", _MAX_ANSWER)
-                        got = json.loads(line)
-                        waiter = self._waiting.pop(int(got["id"]), None)
-                        if waiter is not None and not waiter.done():
-                            waiter.set_result(got)
-                finally:
-                    self._reading = False
-                    free = self._reader_free
-                    if free is not None and not free.done():
-                        free.set_result(None)  # someone else reads on
-        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError,
-                anyio.IncompleteRead, OSError) as exc:
-            self._failed = f"the checkpoint writer process is gone ({type(exc).__name__})"
-            for waiter in self._waiting.values():
-                if not waiter.done():
-                    waiter.set_exception(OSError(self._failed))
-            self._waiting.clear()
-            raise OSError(self._failed) from exc
-        finally:
-            self._waiting.pop(rid, None)
-        result: dict[str, Any] = answer.result()
-        return result
+        answer = answers.waiting[rid] = asyncio.get_running_loop().create_future()
+        # No lock: the request's bytes go into the pipe (or the transport's
+        # buffer) whole, in the order of the calls.
+        pipe.write(request)
+        return answer
+
+    async def _answer(self, answer: asyncio.Future[dict[str, Any]], what: str
+                      ) -> dict[str, Any]:
+        answers = self._answers
+        assert answers is not None
+        with anyio.CancelScope(shield=True):
+            await answers.drain()
+            got = await answer
+        if not got["ok"]:
+            errno = got.get("errno")
+            if errno is not None:
+                raise OSError(errno, f"checkpoint writer: {got['error']}", what)
+            raise OSError(f"checkpoint writer: {got['error']} ({what})")
+        return got
 
     async def aclose(self) -> None:
         """Let the helper finish what it was asked and exit."""
-        process = self._process
-        if process is None:
+        transport, answers = self._transport, self._answers
+        if transport is None or answers is None:
             return
-        self._process = None
+        self._transport = None
         with anyio.CancelScope(shield=True):
             try:
-                if process.stdin is not None:
-                    await process.stdin.aclose()
+                pipe = transport.get_pipe_transport(0)
+                if pipe is not None:
+                    pipe.close()  # the helper reads to the end, then exits
                 with anyio.move_on_after(10):
-                    await process.wait()
-                if process.returncode is None:
+                    await answers.exited.wait()
+                if transport.get_returncode() is None:
                     log.warning("checkpoint writer process did not exit: killing it")
-                    process.kill()
-                    await process.wait()
+                    transport.kill()
+                    await answers.exited.wait()
             finally:
-                await process.aclose()
+                transport.close()
