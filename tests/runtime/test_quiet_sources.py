@@ -195,3 +195,30 @@ async def test_without_idleness_a_silent_async_iterable_holds_the_watermark() ->
         busy.stop = True
         job.cancel()
         await asyncio.gather(job, return_exceptions=True)
+
+
+async def test_an_empty_unbounded_log_neither_holds_checkpoints_nor_misses_appends(
+        tmp_path: Path) -> None:
+    """``from_log(bounded=False)`` polls for appends through ``available()``
+    (no read waits): while its partitions are empty checkpoints complete,
+    and a record appended later is still read."""
+    log = ef.Log(tmp_path / "events", partitions=2)
+    chk = tmp_path / "chk"
+    seen: list[Any] = []
+    env = ef.StreamEnvironment(parallelism=2)
+    env.enable_checkpointing(0.05, chk, retained=10_000)
+    (env.from_log(tmp_path / "events", bounded=False).name("events")
+        .map(lambda r: seen.append(r) or r).name("observe")
+        .sink_to(ef.ListSink()))
+    job = asyncio.ensure_future(env.execute_async("tail"))
+    try:
+        await _until("3 checkpoints completed while the log was empty",
+                     lambda: len(ef.list_checkpoints(chk)) >= 3, job)
+        assert seen == []
+        log.append({"n": 1}, partition=1)
+        log.flush()
+        await _until("the appended record was read", lambda: seen == [{"n": 1}], job)
+    finally:
+        log.close()
+        job.cancel()
+        await asyncio.gather(job, return_exceptions=True)
