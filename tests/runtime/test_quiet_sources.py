@@ -222,3 +222,69 @@ async def test_an_empty_unbounded_log_neither_holds_checkpoints_nor_misses_appen
         log.close()
         job.cancel()
         await asyncio.gather(job, return_exceptions=True)
+
+
+class Announced(ef.Source):
+    """A reader that has nothing until the test hands it records, and says
+    so through ``available()``; it counts the reads the task makes."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.pending: list[Any] = []
+        self.ended = False
+        self.ready: asyncio.Future[None] | None = None
+
+    def give(self, records: list[Any], end: bool = False) -> None:
+        self.pending.extend(records)
+        self.ended = end
+        if self.ready is not None and not self.ready.done():
+            self.ready.set_result(None)
+
+    def create_reader(self, subtask: int, parallelism: int) -> ef.SourceReader:
+        return _AnnouncedReader(self)
+
+
+class _AnnouncedReader(ef.SourceReader):
+    def __init__(self, source: Announced) -> None:
+        self.source = source
+        self.pos = 0
+
+    async def read_batch(self, max_records: int) -> list[Any] | None:
+        src = self.source
+        src.reads += 1
+        batch, src.pending = src.pending, []
+        self.pos += len(batch)
+        return None if not batch and src.ended else batch
+
+    def available(self) -> asyncio.Future[None] | None:
+        src = self.source
+        if src.ready is None or src.ready.done():
+            src.ready = asyncio.get_running_loop().create_future()
+        return src.ready
+
+    def position(self) -> int:
+        return self.pos
+
+    def seek(self, position: Any) -> None:
+        self.pos = int(position)
+
+
+async def test_the_source_task_waits_for_available_instead_of_polling() -> None:
+    """Between an empty read and ``available()`` resolving, the task does not
+    read again (no busy wait), however long the rest of the program runs."""
+    source = Announced()
+    sink = ef.ListSink()
+    env = ef.StreamEnvironment()
+    env.from_source(source).name("announced").map(lambda r: r).sink_to(sink)
+    job = asyncio.ensure_future(env.execute_async("announced"))
+    try:
+        await _until("the first read", lambda: source.reads >= 1, job)
+        for _ in range(100):
+            await asyncio.sleep(0)
+        assert source.reads == 1
+        source.give([1, 2, 3], end=True)
+        await asyncio.wait_for(job, 60)
+    finally:
+        job.cancel()
+        await asyncio.gather(job, return_exceptions=True)
+    assert sink.results == [1, 2, 3]
