@@ -10,12 +10,14 @@ position resumes at the next line. Bad paths fail when the job is declared.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -385,13 +387,108 @@ async def test_async_iterable_seek_is_not_replayable() -> None:
     reader.seek(0)  # the start: nothing to replay
     with pytest.raises(ef.NotReplayableError):
         reader.seek(3)
-    got = await reader.read_batch(4)
-    assert got
-    assert reader.position() == len(got)
-    reader.seek(len(got))  # where it is: fine
-    with pytest.raises(ef.NotReplayableError):
-        reader.seek(0)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(reader.fetch)  # as the source task runs it
+        got = await _read_available(reader, 4)
+        assert got
+        assert reader.position() == len(got)
+        reader.seek(len(got))  # where it is: fine
+        with pytest.raises(ef.NotReplayableError):
+            reader.seek(0)
+        tg.cancel_scope.cancel()
     await reader.close()
+
+
+async def _read_available(reader: ef.SourceReader, n: int) -> list[Any] | None:
+    """A read as the source task does it: after an empty batch, wait for
+    ``available()`` (``None``: read again at once)."""
+    while True:
+        got = await reader.read_batch(n)
+        if got != []:
+            return got
+        ready = reader.available()
+        await (ready if ready is not None else asyncio.sleep(0))
+
+
+async def test_async_iterable_reads_without_waiting_for_the_iterator() -> None:
+    """``read_batch`` returns what the fetch has buffered, ``[]`` while the
+    iterator is silent (instead of awaiting its next item), and ``available``
+    resolves when an item arrives: the source task can checkpoint meanwhile."""
+    feed: asyncio.Queue[int | None] = asyncio.Queue()
+
+    async def gen() -> AsyncIterator[int]:
+        while (item := await feed.get()) is not None:
+            yield item
+
+    reader = AsyncIterableSource(gen()).create_reader(0, 1)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(reader.fetch)
+        await asyncio.sleep(0)
+        assert await reader.read_batch(10) == []  # silent: nothing, at once
+        ready = reader.available()
+        assert ready is not None and not ready.done()
+        assert reader.available() is ready  # the same future until it is done
+        feed.put_nowait(1)
+        feed.put_nowait(2)
+        await asyncio.wait_for(ready, 5)
+        assert await reader.read_batch(10) == [1, 2]
+        assert reader.position() == 2
+        assert await reader.read_batch(10) == []
+        feed.put_nowait(None)  # the iterator ends
+        assert await _read_available(reader, 10) is None
+    await reader.close()
+
+
+async def test_async_iterable_buffer_holds_back_the_iterator() -> None:
+    """A full buffer stops the fetch: the iterator is not read further until
+    the task takes records (back-pressure reaches the embedding program)."""
+    pulled = 0
+
+    async def gen() -> AsyncIterator[int]:
+        nonlocal pulled
+        for i in range(100):
+            pulled += 1
+            yield i
+
+    reader = AsyncIterableSource(gen(), buffer=8).create_reader(0, 1)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(reader.fetch)
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert pulled == 8
+        assert await reader.read_batch(3) == [0, 1, 2]
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert pulled == 11
+        got: list[Any] = []
+        while (batch := await _read_available(reader, 50)) is not None:
+            got.extend(batch)
+        assert got == list(range(3, 100))
+    await reader.close()
+
+
+async def test_async_iterable_records_never_emitted_are_reported(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """What the fetch took from the iterator but the job never emitted is
+    lost (at-most-once), and the reader says how much: not silently."""
+    pulled = 0
+
+    async def gen() -> AsyncIterator[int]:
+        nonlocal pulled
+        for i in range(100):
+            pulled = i + 1
+            yield i
+
+    reader = AsyncIterableSource(gen(), buffer=8).create_reader(0, 1)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(reader.fetch)
+        assert await _read_available(reader, 5) == [0, 1, 2, 3, 4]
+        tg.cancel_scope.cancel()  # the job stops
+    assert 5 < pulled < 100
+    with caplog.at_level(logging.WARNING, logger="eddyflow"):
+        await reader.close()
+    assert (f"{pulled - 5} record(s) taken from the iterator after record #5 were never "
+            "emitted") in caplog.text
 
 
 def _restarting_async_job() -> tuple[ef.StreamEnvironment, ef.ListSink]:

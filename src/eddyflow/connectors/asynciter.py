@@ -1,34 +1,59 @@
 """``env.from_async_iterable``: records from an async iterator of the
 embedding program (a queue consumer, a websocket, an async generator).
 
-Not replayable: the position is the number of records consumed, and a seek
+Not replayable: the position is the number of records emitted, and a seek
 to anything but the start fails, so a job fed this way is at-most-once for
 these records unless the iterator is wrapped in a real :class:`Source`.
 
-A pump coroutine drains the iterator into a bounded buffer; ``read_batch``
-takes whatever is there without waiting for more, so records that arrive one
-by one are not held back to fill a batch.
+The reader never waits in ``read_batch``: its :meth:`~SourceReader.fetch`
+(run by the source task in its task group) drains the iterator into a
+bounded buffer, ``read_batch`` takes whatever is there, and
+:meth:`~SourceReader.available` tells the task when more has come. So a
+quiet iterator holds back neither checkpoints (the task emits a barrier at
+once, at the number of records emitted so far) nor, with ``with_idleness``,
+watermarks; and records that arrive one by one are not held back to fill a
+batch.
+
+What the buffer holds at a checkpoint is not in it: the records were taken
+from the iterator but not emitted, so they come after the checkpoint's
+position. Nothing can replay them (the iterator is not replayable, and a
+restore refuses to seek past the start), so the at-most-once guarantee
+covers them like the records emitted after the last checkpoint: if the job
+stops before it reads them, they are lost, and the reader logs how many.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 from collections.abc import AsyncIterable
 from typing import Any
+
+import anyio
 
 from eddyflow.connectors.source import NotReplayableError, Source, SourceReader
 
 __all__ = ["AsyncIterableSource"]
 
+_log = logging.getLogger("eddyflow")
+
 
 class AsyncIterableSource(Source):
+    """The source of ``env.from_async_iterable``: one split, read once.
+
+    ``buffer``: the most records taken from the iterator ahead of the job
+    (while it is back-pressured, the iterator is not read further).
+    """
+
     max_parallelism = 1
     replayable = False
 
     def __init__(self, aiterable: AsyncIterable[Any], buffer: int = 4096) -> None:
         if not hasattr(aiterable, "__aiter__"):
             raise TypeError(f"from_async_iterable needs an async iterable, got {aiterable!r}")
+        if buffer < 1:
+            raise ValueError(f"from_async_iterable: buffer must be at least 1, got {buffer!r}")
         self._aiterable = aiterable
         self._buffer = buffer
         self._used = False
@@ -54,43 +79,68 @@ class _AsyncIterableReader(SourceReader):
         self._items: collections.deque[Any] = collections.deque()
         self._consumed = 0
         self._done = False
-        self._error: BaseException | None = None
-        self._pump: asyncio.Task[None] | None = None
-        self._have_items = asyncio.Event()
-        self._have_space = asyncio.Event()
-        self._have_space.set()
+        self._error: Exception | None = None
+        #: Resolved when records (or the end) arrive: handed to the task.
+        self._ready: asyncio.Future[None] | None = None
+        #: Resolved when the task takes records from a full buffer.
+        self._space: asyncio.Future[None] | None = None
 
-    async def _run_pump(self) -> None:
+    async def fetch(self) -> None:
+        iterator = aiter(self._aiterable)
+        items = self._items
         try:
-            async for item in self._aiterable:
-                self._items.append(item)
-                self._have_items.set()
-                if len(self._items) >= self._capacity:
-                    self._have_space.clear()
-                    await self._have_space.wait()
-        except Exception as exc:  # handed to the reading task, which fails the job
+            async for item in iterator:
+                items.append(item)
+                ready = self._ready
+                if ready is not None and not ready.done():
+                    ready.set_result(None)
+                if len(items) >= self._capacity:
+                    # Back-pressure reaches the iterator: read no further
+                    # until the task has taken some.
+                    self._space = asyncio.get_running_loop().create_future()
+                    await self._space
+        except Exception as exc:  # handed to read_batch: the job fails naming the source
             self._error = exc
         finally:
             self._done = True
-            self._have_items.set()
+            ready = self._ready
+            if ready is not None and not ready.done():
+                ready.set_result(None)
+            aclose = getattr(iterator, "aclose", None)
+            if aclose is not None:
+                # An async generator left at a yield (the buffer full, the job
+                # cancelled) is finalised now, not whenever it is collected.
+                with anyio.CancelScope(shield=True):
+                    try:
+                        await aclose()
+                    except Exception as exc:  # its cleanup failed: nothing left to fail
+                        _log.warning("from_async_iterable: closing the iterator raised "
+                                     "%s: %s", type(exc).__name__, exc)
 
     async def read_batch(self, max_records: int) -> list[Any] | None:
-        if self._pump is None:
-            self._pump = asyncio.ensure_future(self._run_pump())
-        while not self._items:
+        items = self._items
+        if not items:
             if self._error is not None:
                 raise self._error
-            if self._done:
-                return None
-            self._have_items.clear()
-            await self._have_items.wait()
-        n = min(max_records, len(self._items))
-        batch = [self._items.popleft() for _ in range(n)]
-        self._consumed += n
-        if not self._items and not self._done:
-            self._have_items.clear()
-        self._have_space.set()
+            return None if self._done else []
+        if max_records >= len(items):
+            batch = list(items)
+            items.clear()
+        else:
+            batch = [items.popleft() for _ in range(max_records)]
+        self._consumed += len(batch)
+        space = self._space
+        if space is not None and not space.done():
+            space.set_result(None)
         return batch
+
+    def available(self) -> asyncio.Future[None] | None:
+        if self._items or self._done:
+            return None
+        ready = self._ready
+        if ready is None or ready.done():
+            ready = self._ready = asyncio.get_running_loop().create_future()
+        return ready
 
     def position(self) -> int:
         return self._consumed
@@ -106,8 +156,10 @@ class _AsyncIterableReader(SourceReader):
         return f"record #{position} of the async iterable"
 
     async def close(self) -> None:
-        pump, self._pump = self._pump, None
-        if pump is not None and not pump.done():
-            pump.cancel()
-            # Wait for it so no coroutine of the job outlives the job.
-            await asyncio.gather(pump, return_exceptions=True)
+        if self._items:
+            # At-most-once (see the module docstring), but not silently.
+            _log.warning(
+                "from_async_iterable: %d record(s) taken from the iterator after record #%d "
+                "were never emitted: the job stopped first (the source is at-most-once)",
+                len(self._items), self._consumed)
+            self._items.clear()

@@ -224,6 +224,11 @@ class LogSource(Source):
         return _LogReader(self.path, parts, self.bounded, self.poll_interval)
 
 
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 class _LogReader(SourceReader):
     def __init__(self, path: str, partitions: list[int], bounded: bool, poll: float) -> None:
         self._readers = [_PartitionReader(path, p) for p in partitions]
@@ -231,33 +236,38 @@ class _LogReader(SourceReader):
         self._poll = poll
         self._turn = 0
         self._last: list[tuple[int, int]] = []  # (partition, offset) per record of last batch
-
-    @property
-    def may_block(self) -> bool:
-        return not self._bounded
+        self._poll_due: asyncio.Future[None] | None = None
 
     async def read_batch(self, max_records: int) -> list[Any] | None:
         if not self._readers:
             return None
-        while True:
-            out: list[Any] = []
-            last: list[tuple[int, int]] = []
-            n = len(self._readers)
-            for k in range(n):
-                r = self._readers[(self._turn + k) % n]
-                start = r.offset
-                got = r.read(max_records - len(out))
-                out.extend(got)
-                last.extend((r.partition, start + i) for i in range(len(got)))
-                if len(out) >= max_records:
-                    break
-            self._turn = (self._turn + 1) % n
-            self._last = last
-            if out:
-                return out
-            if self._bounded:
-                return None
-            await asyncio.sleep(self._poll)
+        out: list[Any] = []
+        last: list[tuple[int, int]] = []
+        n = len(self._readers)
+        for k in range(n):
+            r = self._readers[(self._turn + k) % n]
+            start = r.offset
+            got = r.read(max_records - len(out))
+            out.extend(got)
+            last.extend((r.partition, start + i) for i in range(len(got)))
+            if len(out) >= max_records:
+                break
+        self._turn = (self._turn + 1) % n
+        self._last = last
+        if out or not self._bounded:
+            return out  # unbounded and nothing appended yet: [] until the next poll
+        return None
+
+    def available(self) -> asyncio.Future[None] | None:
+        # Appends are not announced: look again after the poll interval (the
+        # task answers checkpoint triggers and timers meanwhile).
+        if self._bounded:
+            return None
+        if self._poll_due is None or self._poll_due.done():
+            loop = asyncio.get_running_loop()
+            due = self._poll_due = loop.create_future()
+            loop.call_later(self._poll, _resolve, due)
+        return self._poll_due
 
     def position(self) -> dict[str, int]:
         return {str(r.partition): r.offset for r in self._readers}

@@ -5,10 +5,22 @@ subtask gets its own :class:`SourceReader`, which reads batches from a
 *position*, reports the position of its next record (the source's state in a
 checkpoint: docs/concepts/checkpoints.md, step 1) and seeks back to a restored one. Positions
 must be JSON-serialisable, because they are written into checkpoint metadata.
+
+Reads do not wait for input (DESIGN.md "Idle inputs"): the source task emits
+checkpoint barriers, watermarks and idleness between two reads, so a read
+that waited for an external system's next record would hold all of them
+back. A reader with nothing to return right now returns an empty batch and
+says with :meth:`SourceReader.available` when to read again; the task waits
+for that, a checkpoint trigger or a processing-time timer, whichever comes
+first (after Flink's FLIP-27 ``SourceReader.isAvailable``). Work that does
+wait (an async client's receive loop) runs in :meth:`SourceReader.fetch`,
+which the task runs beside its reads and which hands records to
+``read_batch`` through a buffer of the reader's own.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from abc import ABC, abstractmethod
 from typing import Any
@@ -32,10 +44,39 @@ class SourceReader(ABC):
     async def read_batch(self, max_records: int) -> list[Any] | None:
         """Up to ``max_records`` records, or ``None`` when the input is exhausted.
 
-        May return fewer records (even none) when no more are available right
-        now; the runtime flushes its output buffers after a short batch, so a
-        slow trickle of input still flows downstream promptly.
+        Returns what is available now: fewer records, or none (``[]``), when
+        no more are. It should not await input that has not arrived yet
+        (see the module docstring): return ``[]`` and let :meth:`available`
+        say when to read again. The runtime flushes its output buffers after
+        a short batch, so a slow trickle of input still flows downstream
+        promptly.
         """
+
+    def available(self) -> asyncio.Future[None] | None:
+        """After a read returned ``[]``: a future that is done once
+        :meth:`read_batch` has something to return (records, the end of the
+        input or an error), or ``None`` to be read again at once.
+
+        The source task awaits it together with checkpoint triggers and
+        processing-time timers, so a quiet input holds back neither
+        checkpoints nor (with ``with_idleness``) watermarks; it never
+        cancels the future, and may ask again, so a reader can hand out the
+        same future until it is done. The default, ``None``, suits a reader
+        that is never without input for long (a file, a collection): the task
+        lets the rest of the job run, then reads again.
+        """
+        return None
+
+    async def fetch(self) -> None:  # noqa: B027 - optional hook
+        """Background work of the reader: run by the source task in its task
+        group from before the first read until the task ends, then
+        cancelled. A reader of an input that arrives by awaiting (an async
+        iterator, a socket) receives here into a buffer that
+        :meth:`read_batch` takes from, and resolves :meth:`available`'s
+        future when records arrive. A failure of the input is best handed
+        to ``read_batch`` to raise, so the job's error names the source and
+        its position; an exception raised here fails the job as it is. The
+        default has nothing to do and returns at once."""
 
     @abstractmethod
     def position(self) -> Any:

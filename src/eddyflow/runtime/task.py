@@ -422,74 +422,75 @@ class Task(EventTime, Snapshotting):
                            str(self.source_uid), self.subtask, where)
 
     async def _run_source(self, reader: SourceReader) -> None:
+        # The reader's fetch runs beside the reads in a task group of this
+        # task: cancelled with it, and never outliving it.
+        failure: Exception | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(reader.fetch, name=f"{self.name}[{self.subtask}] fetch")
+            try:
+                await self._read_source(reader)
+            except Exception as exc:  # raised as itself, not in the group's ExceptionGroup
+                failure = exc
+            tg.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
+
+    async def _read_source(self, reader: SourceReader) -> None:
         size = self.batch_size
         label = self.source_label
-        # A reader that may wait for data (an async iterator, a log tail) is
-        # read in a future of its own, so a checkpoint trigger is not held up
-        # by a quiet source.
-        may_block = bool(getattr(reader, "may_block", False))
-        pending: asyncio.Future[list[Any] | None] | None = None
         start = reader.position()
         if self._clocked:
             self._schedule_clock()
-        try:
-            while True:
-                if self._timers_due:
-                    await self._fire_processing_time()
-                if self.barriers.switch_requests:
-                    await self._on_switches()
-                # A batch already read belongs before the barrier: its
-                # records are counted in the reader's position.
-                if self._trigger is not None and (pending is None or not pending.done()):
-                    await self._inject_barrier(reader)
-                    continue
-                if may_block:
-                    if pending is None:
-                        pending = asyncio.ensure_future(reader.read_batch(size))
-                    if not pending.done():
-                        wake = self._trigger_wakeup = asyncio.get_running_loop().create_future()
-                        try:
-                            await asyncio.wait((pending, wake),
-                                               return_when=asyncio.FIRST_COMPLETED)
-                        finally:
-                            self._trigger_wakeup = None
-                        if not pending.done():
-                            continue  # a trigger came first
-                    fut, pending = pending, None
-                    try:
-                        batch = fut.result()
-                    except Exception as exc:
-                        raise self._source_failure(exc, reader) from exc
-                else:
-                    try:
-                        batch = await reader.read_batch(size)
-                    except Exception as exc:
-                        raise self._source_failure(exc, reader) from exc
-                if batch is None:
-                    break
-                end = reader.position()
-                if batch:
-                    self.records_read += len(batch)
-                    span = ((label, start, end),)
-                    self._current_span = span
-                    await self._process_input(batch, span)
-                start = end
-                if len(batch) < size:
-                    # The source has nothing more right now: let what we have go.
-                    await self._generator_watermark(True)
-                    await self._flush()
-                else:
-                    await self._maybe_flush()
-                # A source that never blocks must still let the rest of the
-                # job (and the embedding program) run.
-                await asyncio.sleep(0)
-            while self._trigger is not None:  # triggered just before the end
+        while True:
+            if self._timers_due:
+                await self._fire_processing_time()
+            if self.barriers.switch_requests:
+                await self._on_switches()
+            if self._trigger is not None:
                 await self._inject_barrier(reader)
-            self._source_done = True
+                continue
+            try:
+                batch = await reader.read_batch(size)
+            except Exception as exc:
+                raise self._source_failure(exc, reader) from exc
+            if batch is None:
+                break
+            end = reader.position()
+            if batch:
+                self.records_read += len(batch)
+                span = ((label, start, end),)
+                self._current_span = span
+                await self._process_input(batch, span)
+            start = end
+            if len(batch) < size:
+                # The source has nothing more right now: let what we have go.
+                await self._generator_watermark(True)
+                await self._flush()
+                if not batch:
+                    await self._await_input(reader)
+            else:
+                await self._maybe_flush()
+            # A source that never blocks must still let the rest of the
+            # job (and the embedding program) run.
+            await asyncio.sleep(0)
+        while self._trigger is not None:  # triggered just before the end
+            await self._inject_barrier(reader)
+        self._source_done = True
+
+    async def _await_input(self, reader: SourceReader) -> None:
+        """The reader has nothing now: wait until it has, a checkpoint is
+        triggered, a switch to unaligned is asked for or processing time is
+        due, whichever comes first (each of them resolves the wake-up
+        future). At once if the reader cannot tell when it will have more."""
+        ready = reader.available()
+        if (ready is None or ready.done() or self._trigger is not None or self._timers_due
+                or self.barriers.switch_requests):
+            return
+        wake = self._trigger_wakeup = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait((ready, wake), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if pending is not None and not pending.done():
-                pending.cancel()
-                await asyncio.gather(pending, return_exceptions=True)
+            self._trigger_wakeup = None
 
     def trigger_barrier(self, barrier: Barrier) -> bool:
         """Coordinator: checkpoint ``barrier`` starts. A running source emits
