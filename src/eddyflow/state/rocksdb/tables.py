@@ -11,7 +11,11 @@ the table's :class:`~eddyflow.state.abc.Changes`, as in the memory backend:
 at a flush the cache's value of each written key is put, or deleted when the
 cache no longer holds it. The cache is *authoritative* for every key it has
 loaded (present, or known absent); a fresh, empty database needs no reads at
-all until the cache is first evicted.
+all until the cache is first evicted. From then on, a
+:class:`~eddyflow.state.rocksdb.filter.KeyFilter` of every key the table may
+have written answers for the keys seen for the first time, which are not
+read (keys that rarely repeat, a dedup by event id: nearly every key of a
+batch), and a flush writes its rows in key order.
 
 *Map* state is stored a row per map entry and *list* state a row per
 element (an 8-byte sequence number after the key), so a key with a large map
@@ -24,19 +28,21 @@ barrier, so it records the bytes of the state as it was then.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import struct
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from eddyflow.state.abc import Changes, Written, written_keys
-from eddyflow.state.rocksdb.keys import StatePrefix, decode_key, encode_key
+from eddyflow.state.rocksdb.filter import KeyFilter
+from eddyflow.state.rocksdb.keys import StatePrefix, decode_key, encode_key, sort_order
 from eddyflow.state.serialization import raise_state_error
 from eddyflow.state.ttl import base_kind
 from eddyflow.values import SCALARS
 
 __all__ = ["MISSING", "ListTable", "MapTable", "Pickled", "RowStore", "Serializer", "ValueTable",
-           "put_rows", "rows_of"]
+           "dump_all", "dump_rows", "put_raws", "put_rows"]
 
 _MISSING: Any = object()
 #: The value of a key written and then removed.
@@ -49,6 +55,12 @@ _SEQ = struct.Struct(">Q")
 _AFTER = b"\xff"
 #: Where a value that cannot be serialized was going, outside a snapshot.
 _WHERE = "in RocksDB"
+#: From this many rows a flush puts them in key order: RocksDB inserts
+#: sorted keys into its memtable at half the cost of keys in hash order
+#: (measured: 0.9 against 1.9 us a row, sorting included, for 50k-row
+#: batches into a database of 1M rows), and below it sorting costs more
+#: than it saves.
+_SORTED_WRITE = 1024
 
 
 class Serializer(Protocol):
@@ -105,6 +117,10 @@ class ValueTable(dict[Any, Any]):
         self.complete = complete
         #: Keys whose cache entry is authoritative (unless ``complete``).
         self.known: set[Any] = set()
+        #: Every key the database may hold, once the table is no longer
+        #: ``complete`` (``None``: unknown, after a restore; then every key
+        #: the cache lacks is read).
+        self.filter: KeyFilter | None = None
 
     def needs_keys(self) -> bool:
         """Whether ``load`` would use the keys it is given: not while the
@@ -119,18 +135,28 @@ class ValueTable(dict[Any, Any]):
             if len(self) <= self.limit or self.store.busy:
                 return
             self.evict()
-        wanted = dict.fromkeys(keys)
+        if not isinstance(keys, list):
+            keys = list(keys)
         known = self.known
-        # Evict first: what is missing is decided on what stays.
-        if len(known) + len(wanted) > self.limit and not self.store.busy:
+        # Evict first: what is missing is decided on what stays. (Keys are
+        # not de-duplicated: a key twice in the batch is looked up twice,
+        # cheaper than a dict of every batch's keys.)
+        if len(known) + len(keys) > self.limit and not self.store.busy:
             self.evict()
             known = self.known
-        missing = [k for k in wanted if k not in known]
+        missing = list(itertools.filterfalse(known.__contains__, keys))
         if not missing:
             return
+        known.update(missing)
+        filt = self.filter
+        if filt is not None:
+            # Keys the database cannot hold are not read; the filter learns
+            # them, since the operator is about to write them.
+            missing = list(itertools.compress(missing, filt.test_and_add(missing)))
+            if not missing:
+                return
         raws = self.store.get_many(self.rows.prefixes(missing))
         loads = self.store.serializer.loads
-        known.update(missing)
         for k, raw in zip(missing, raws, strict=True):
             if raw is not None:
                 dict.__setitem__(self, k, loads(raw))
@@ -147,8 +173,11 @@ class ValueTable(dict[Any, Any]):
             self.evict()
             if key in self.known:
                 return
-        raw = self.store.get(self.rows.prefix(key))
         self.known.add(key)
+        filt = self.filter
+        if filt is not None and not filt.test_and_add_one(key):
+            return
+        raw = self.store.get(self.rows.prefix(key))
         if raw is not None:
             dict.__setitem__(self, key, self.store.serializer.loads(raw))
 
@@ -158,17 +187,25 @@ class ValueTable(dict[Any, Any]):
         return self.write_into(batch, self.changes.take())
 
     def write_into(self, batch: Batch, written: Written) -> int:
-        rows, values = rows_of(self, self.rows, written)
+        keys = list(written_keys(written))
+        if not keys:
+            return 0
+        values = list(map(self.get, keys, itertools.repeat(_MISSING)))
         dumps = self.store.serializer.dumps
         try:
-            put_rows(batch, rows, values, dumps)
+            raws = dump_rows(values, dumps)
         except Exception as exc:
             self.store.unwritable = True
-            keys = written_keys(written)
             raise_state_error(exc, ((k, v) for k, v in zip(keys, values, strict=True)
-                                    if v is not MISSING and type(v) is not Pickled),
+                                    if v is not MISSING),
                               operator=self.store.operator, state=self.rows.name,
                               where=_WHERE, dumps=dumps)
+        rows = self.rows.prefixes(keys)
+        if len(rows) >= _SORTED_WRITE:
+            order = sort_order(rows)
+            rows = list(map(rows.__getitem__, order))
+            raws = list(map(raws.__getitem__, order))
+        put_raws(batch, rows, raws)
         return len(rows)
 
     def rewrite(self, written: Written) -> None:
@@ -177,22 +214,33 @@ class ValueTable(dict[Any, Any]):
         self.changes.put_back(written)
 
     def evict(self) -> None:
-        """Write what changed and drop the older half of the cache (by when
-        a key entered it: a dict keeps that order for free)."""
+        """Write what changed and empty the cache.
+
+        All of it, not the older half: dropping keys one by one was a hash
+        lookup a key, and remembering the rest as known another (py-spy:
+        15% of a count over 3M distinct keys, where no key is read again),
+        while emptying a dict never looks a key up. A key that is read often
+        is read back once per fill of the cache either way (the older half
+        held it only as long)."""
         batch = new_batch()
         if self.flush_into(batch):
             self.store.write(batch)
-        drop = list(itertools.islice(iter(self), len(self) - len(self) // 2))
-        for k in drop:
-            dict.__delitem__(self, k)
-        # What stays is authoritative; keys known to be absent are forgotten.
-        self.known = set(self)
+        if self.complete:
+            # The database holds what the cache holds now (the flush wrote
+            # it): the filter starts from those keys, and learns every key
+            # loaded from now on (a key is loaded before it is written).
+            self.filter = KeyFilter(2 * len(self))
+            self.filter.add_many(list(self))
+        self.clear()
+        self.known = set()
         self.complete = False
 
     def replace(self, key: Any, value: Any) -> None:
         """Set ``key`` (a restore's entry), recorded as written."""
         if not self.complete:
             self.known.add(key)
+        if self.filter is not None:
+            self.filter.test_and_add_one(key)
         self[key] = value
         written = self.changes.keys
         assert written is not None
@@ -205,17 +253,6 @@ class ValueTable(dict[Any, Any]):
         written = self.changes.keys
         assert written is not None
         written[key] = None
-
-
-def rows_of(table: dict[Any, Any], prefix: StatePrefix, written: Written
-            ) -> tuple[list[bytes], list[Any]]:
-    """The rows of the keys in ``written`` and their values in ``table``
-    (``MISSING``: removed since)."""
-    keys = written_keys(written)
-    if not keys:
-        return [], []
-    listed = list(keys)
-    return prefix.prefixes(listed), list(map(table.get, listed, itertools.repeat(_MISSING)))
 
 
 class Pickled:
@@ -237,6 +274,47 @@ def put_rows(batch: Batch, rows: list[bytes], values: list[Any],
             delete(row)
         else:
             put(row, v.data if type(v) is Pickled else dumps(v))
+
+
+def dump_rows(values: list[Any], dumps: Callable[[Any], bytes]) -> list[bytes | None]:
+    """The bytes of each value, ``None`` for ``MISSING`` (a deletion)."""
+    # (By identity: a value's own __eq__ is not to be trusted.)
+    if id(MISSING) not in map(id, values):
+        raws: list[bytes | None] = list(dump_all(values, dumps))
+        return raws
+    return [None if v is MISSING else dumps(v) for v in values]
+
+
+def put_raws(batch: Batch, rows: list[bytes], raws: list[bytes | None]) -> None:
+    """Each row into ``batch`` with its bytes; ``None`` deletes it."""
+    if None not in raws:
+        # Only puts (new keys, counts): a row at a time in C.
+        collections.deque(map(batch.put, rows, cast(list[bytes], raws)), maxlen=0)
+        return
+    put, delete = batch.put, batch.delete
+    for row, raw in zip(rows, raws, strict=True):
+        if raw is None:
+            delete(row)
+        else:
+            put(row, raw)
+
+
+def dump_all(values: list[Any], dumps: Callable[[Any], bytes]) -> list[bytes]:
+    """``dumps`` of every value. Counts and sums repeat a few small ints
+    over many keys: when every value is an ``int`` or a ``str`` and they
+    are mostly repeats, each distinct one is serialized once (values of
+    one exact type that are equal are indistinguishable, so their bytes
+    are the same; measured: 0.02 s against 0.14 s for 500k counts)."""
+    if len(values) > 64 and set(map(type, values)) <= _MEMOISED:
+        distinct = set(values)
+        if len(distinct) * 4 <= len(values):
+            done = {v: dumps(v) for v in distinct}
+            return list(map(done.__getitem__, values))
+    return list(map(dumps, values))
+
+
+#: Value types whose serialized bytes :func:`dump_all` reuses by value.
+_MEMOISED = frozenset({int, str})
 
 
 def new_batch() -> Batch:
