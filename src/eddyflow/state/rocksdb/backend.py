@@ -53,7 +53,7 @@ from eddyflow.state.rocksdb.keys import (
     key_group_bounds,
     sort_order,
 )
-from eddyflow.state.rocksdb.reader import read_rows
+from eddyflow.state.rocksdb.reader import assemble, read_rows
 from eddyflow.state.rocksdb.snapshot import RocksSnapshotStrategy
 from eddyflow.state.rocksdb.tables import (
     MISSING,
@@ -63,7 +63,6 @@ from eddyflow.state.rocksdb.tables import (
     Pickled,
     Serializer,
     ValueTable,
-    assemble,
     dump_all,
     new_batch,
     put_rows,

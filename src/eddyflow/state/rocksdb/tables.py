@@ -38,7 +38,6 @@ from eddyflow.state.abc import Changes, Written, written_keys
 from eddyflow.state.rocksdb.filter import KeyFilter
 from eddyflow.state.rocksdb.keys import StatePrefix, decode_key, encode_key, sort_order
 from eddyflow.state.serialization import raise_state_error
-from eddyflow.state.ttl import base_kind
 from eddyflow.values import SCALARS
 
 __all__ = ["MISSING", "ListTable", "MapTable", "Pickled", "RowStore", "Serializer", "ValueTable",
@@ -584,28 +583,3 @@ class ListTable(_RowTable):
 
     def __delitem__(self, key: Any) -> None:
         self.clear_key(key)
-
-
-def assemble(kind: str, key_rest_values: Iterable[tuple[Any, bytes, Any]]
-             ) -> Iterator[tuple[Any, Any]]:
-    """Whole values from rows in key order: ``(key, rest of the row key,
-    value)`` -> ``(key, value)``, a dict for map state, a list for list state."""
-    kind = base_kind(kind)  # a state with a TTL is stored as one without
-    if kind not in ("map", "list"):
-        for key, _, value in key_rest_values:
-            yield key, value
-        return
-    for key, rows in itertools.groupby(key_rest_values, key=_first):
-        if kind == "map":
-            m = {decode_key(rest)[0]: v for _, rest, v in rows if rest}
-            if m:
-                yield key, m
-        else:
-            items = [v for _, rest, v in rows if rest]
-            if items:
-                yield key, items
-
-
-def _first(t: tuple[Any, bytes, Any]) -> Any:
-    return t[0]
-
