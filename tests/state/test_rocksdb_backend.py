@@ -521,8 +521,9 @@ def test_end_of_input_snapshot_names_a_value_that_cannot_be_pickled(
 def test_values_are_serialized_as_the_serializer_does_repeats_or_not(values: list[Any]) -> None:
     """Repeated ints and strings are serialized once each: the bytes are the
     serializer's own (True is not 1, 1.0 is not 1)."""
-    from eddyflow.state.rocksdb.backend import PickleSerializer, _dump_all
+    from eddyflow.state.rocksdb.backend import PickleSerializer
+    from eddyflow.state.rocksdb.tables import dump_all
 
     dumps = PickleSerializer().dumps
     for vs in (values, [v for v in values if type(v) in (int, str)] * 5):
-        assert _dump_all(vs, dumps) == list(map(dumps, vs))
+        assert dump_all(vs, dumps) == list(map(dumps, vs))

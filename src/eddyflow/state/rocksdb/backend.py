@@ -53,7 +53,7 @@ from eddyflow.state.rocksdb.keys import (
     key_group_bounds,
     sort_order,
 )
-from eddyflow.state.rocksdb.reader import read_rows
+from eddyflow.state.rocksdb.reader import assemble, read_rows
 from eddyflow.state.rocksdb.snapshot import RocksSnapshotStrategy
 from eddyflow.state.rocksdb.tables import (
     MISSING,
@@ -63,7 +63,7 @@ from eddyflow.state.rocksdb.tables import (
     Pickled,
     Serializer,
     ValueTable,
-    assemble,
+    dump_all,
     new_batch,
     put_rows,
 )
@@ -285,24 +285,6 @@ def _part_items(part: _Part, share: tuple[int, int]) -> tuple[list[Any], list[An
     return keys, list(map(table.get, keys, itertools.repeat(MISSING)))
 
 
-def _dump_all(values: list[Any], dumps: Callable[[Any], bytes]) -> list[bytes]:
-    """``dumps`` of every value. Counts and sums repeat a few small ints
-    over many keys: when every value is an ``int`` or a ``str`` and they
-    are mostly repeats, each distinct one is serialized once (values of
-    one exact type that are equal are indistinguishable, so their bytes
-    are the same; measured: 0.02 s against 0.14 s for 500k counts)."""
-    if len(values) > 64 and set(map(type, values)) <= _MEMOISED:
-        distinct = set(values)
-        if len(distinct) * 4 <= len(values):
-            done = {v: dumps(v) for v in distinct}
-            return list(map(done.__getitem__, values))
-    return list(map(dumps, values))
-
-
-#: Value types whose serialized bytes :func:`_dump_all` reuses by value.
-_MEMOISED = frozenset({int, str})
-
-
 def _write_sst(path: str, parts: list[_Part], dumps: Callable[[Any], bytes], operator: str,
                checkpoint: int, share: tuple[int, int] = (0, 1)) -> bool:
     """The rows of share ``i`` of ``n`` of ``parts``' keys, in order, as an
@@ -331,7 +313,7 @@ def _write_sst(path: str, parts: list[_Part], dumps: Callable[[Any], bytes], ope
     gone = id(MISSING) in map(id, values)
     try:
         raws = ([None if v is MISSING else dumps(v) for v in values] if gone
-                else _dump_all(values, dumps))
+                else dump_all(values, dumps))
     except Exception as exc:
         for part in parts:
             _check_values(exc, part, share, dumps, operator, checkpoint)
@@ -820,6 +802,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._fresh = False
         for t in self._loaders:
             t.complete = False
+            t.filter = None  # the database holds keys it never saw
 
     def close(self) -> None:
         if self._closed:

@@ -6,21 +6,22 @@ another backend, the offline (Spark) readers and ``JobResult.state``.
 
 from __future__ import annotations
 
+import itertools
 import os
 import pickle
 import shutil
 import tempfile
-from collections.abc import Callable, Container, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from eddyflow.state.rocksdb.files import materialise, open_db, scan
-from eddyflow.state.rocksdb.keys import key_group_bounds, split_row
-from eddyflow.state.rocksdb.tables import assemble
+from eddyflow.state.rocksdb.keys import decode_key, key_group_bounds, split_row
+from eddyflow.state.ttl import base_kind
 
 if TYPE_CHECKING:
     from eddyflow.state.abc import KeyedStateHandle
 
-__all__ = ["read_handle", "read_rows"]
+__all__ = ["assemble", "read_handle", "read_rows"]
 
 
 def read_rows(db: Any, kinds: Mapping[str, str], key_groups: range | None,
@@ -66,3 +67,28 @@ def read_handle(root: str, handle: KeyedStateHandle, key_groups: range | None = 
             db.close()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def assemble(kind: str, key_rest_values: Iterable[tuple[Any, bytes, Any]]
+             ) -> Iterator[tuple[Any, Any]]:
+    """Whole values from rows in key order: ``(key, rest of the row key,
+    value)`` -> ``(key, value)``, a dict for map state, a list for list state."""
+    kind = base_kind(kind)  # a state with a TTL is stored as one without
+    if kind not in ("map", "list"):
+        for key, _, value in key_rest_values:
+            yield key, value
+        return
+    for key, rows in itertools.groupby(key_rest_values, key=_first):
+        if kind == "map":
+            m = {decode_key(rest)[0]: v for _, rest, v in rows if rest}
+            if m:
+                yield key, m
+        else:
+            items = [v for _, rest, v in rows if rest]
+            if items:
+                yield key, items
+
+
+def _first(t: tuple[Any, bytes, Any]) -> Any:
+    return t[0]
+
