@@ -394,6 +394,13 @@ class CheckpointCoordinator:
                     by_sink.setdefault(uid, []).extend(part.committables)
         return by_sink
 
+    def decline(self, checkpoint_id: int, reason: str) -> None:
+        """A task cannot acknowledge ``checkpoint_id`` (its snapshot was
+        abandoned): the checkpoint is aborted, the job goes on."""
+        p = self._pending_for(checkpoint_id)
+        if p is not None:
+            self._abort(p, f"declined by {reason}", logging.INFO)
+
     def is_aborted(self, checkpoint_id: int) -> bool:
         return checkpoint_id in self.aborted
 

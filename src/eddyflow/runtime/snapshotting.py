@@ -32,7 +32,7 @@ from eddyflow.runtime.faults import fault_point
 from eddyflow.runtime.operators import Operator, OperatorSnapshot
 from eddyflow.runtime.valve import encode_watermark
 from eddyflow.runtime.writers import RecordWriter
-from eddyflow.state.abc import SnapshotTarget
+from eddyflow.state.abc import SnapshotAbandoned, SnapshotTarget
 from eddyflow.state.storage import CheckpointStorage, FileHandle, checkpoint_dir_name
 
 if TYPE_CHECKING:
@@ -196,6 +196,13 @@ class Snapshotting:
                              backlog: ChannelStateLog | None = None) -> None:
         try:
             await self._write_and_ack_now(n, snaps, position, alignment, sync_duration, backlog)
+        except SnapshotAbandoned as exc:
+            # A later snapshot of this subtask subsumes it (its final one):
+            # checkpoint n cannot complete, the task has nothing to repair.
+            self._cancel_snapshots(snaps)
+            coordinator = self.coordinator
+            if coordinator is not None:
+                coordinator.decline(n, f"{self.name}[{self.subtask}]: {exc}")
         except OSError:
             self._cancel_snapshots(snaps)
             coordinator = self.coordinator

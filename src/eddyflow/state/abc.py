@@ -37,6 +37,7 @@ __all__ = [
     "KeyedSnapshot",
     "KeyedStateBackend",
     "KeyedStateHandle",
+    "SnapshotAbandoned",
     "SnapshotTarget",
     "StateBackend",
     "StateFile",
@@ -363,6 +364,14 @@ class SnapshotTarget:
     @property
     def root(self) -> str:
         return self.storage.root
+
+
+class SnapshotAbandoned(OSError):
+    """A snapshot whose write cannot finish because the backend gave it up
+    for a later one that subsumes it (a subtask's final snapshot at the end
+    of its input writes what the abandoned one would have). The checkpoint
+    it was for cannot complete; the task declines that checkpoint and goes
+    on, as Flink's tasks decline a checkpoint whose snapshot failed."""
 
 
 class KeyedSnapshot(ABC):

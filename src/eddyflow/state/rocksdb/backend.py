@@ -40,6 +40,7 @@ from eddyflow.state.abc import (
     KeyedSnapshot,
     KeyedStateBackend,
     KeyedStateHandle,
+    SnapshotAbandoned,
     SnapshotTarget,
     StateBackend,
     Written,
@@ -631,8 +632,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         store = self._store
         with store.lock:
             if flush.abandoned:
-                raise OSError(f"operator '{self.operator}': snapshot "
-                              f"{flush.checkpoint_id} was abandoned")
+                raise SnapshotAbandoned(f"operator '{self.operator}': snapshot "
+                                        f"{flush.checkpoint_id} was abandoned")
             db = self._instance.db
             if flush.deferred and not flush.ingested:
                 db.write(_batch_of(flush.deferred, self.factory.serializer.dumps))
