@@ -202,7 +202,7 @@ class Snapshotting:
             self._cancel_snapshots(snaps)
             coordinator = self.coordinator
             if coordinator is not None:
-                coordinator.decline(n, f"{self.name}[{self.subtask}]: {exc}")
+                coordinator.decline(n, f"subtask {self.subtask} of chain {self.chain_index}: {exc}")
         except OSError:
             self._cancel_snapshots(snaps)
             coordinator = self.coordinator
