@@ -34,8 +34,9 @@ round-robin exchange would starve the others meanwhile.
 The sizes never exceed the configured ones (``channel_capacity`` batches of
 ``batch_size`` records): where no consumer is slow they stay as configured,
 and so does the throughput. They start small (a 64th of the configured
-batch) and grow at the first measurement, so that a slow consumer does not
-take its first, configured-size batches in one turn of seconds.
+batch, 16 records at least) and grow at the first measurement, so that a
+slow consumer does not take its first, configured-size batches in one turn
+of seconds.
 ``benchmarks/backpressure.py --scenario debloat`` measures the effect.
 """
 
@@ -80,7 +81,7 @@ class InFlightBounds:
 
     @property
     def initial_batch(self) -> int:
-        return max(1, self.batch_size // 64)
+        return min(self.batch_size, max(16, self.batch_size // 64))
 
     def initial(self) -> Sizes:
         """Sizes before anything is measured: small (see the module docstring)."""
