@@ -207,12 +207,13 @@ class Debloater:
         self._busy_from = now
         if start is None:
             # The first batch: it sizes the batches. Its own time is no
-            # measure of the rate (other tasks take turns too): the
-            # capacities wait for a first sample, soon.
+            # measure of the rate (other tasks take turns too): until a
+            # first sample, soon, a channel holds two such batches.
             self.next_at = now + PERIOD / 4
             if self.inputs:
-                self.sizes = Sizes(self.sizes.capacity,
-                                   min(b.turn(own), self.sizes.capacity))
+                batch = b.turn(own)
+                self.sizes = Sizes(min(b.max_capacity, max(self.sizes.capacity, 2 * batch)),
+                                   batch)
                 self._apply()
             return
         # Busy: not waiting for input, whether processing, waiting for
