@@ -106,8 +106,11 @@ class Busy:
 def run_once(mode: str | None, n: int, keys: int, cost: float, interval: float,
              chk: Path, batch_size: int = 64, capacity: int = 64, fanout: int = 4,
              parallelism: int = 4) -> tuple[float, list[ef.CheckpointInfo]]:
+    # Channels bounded by count alone, as described above: with debloating
+    # (the default) they would hold about a second of 'slow''s work instead
+    # (see slow-operators below).
     env = ef.StreamEnvironment(parallelism=parallelism, batch_size=batch_size,
-                               channel_capacity=capacity)
+                               channel_capacity=capacity, buffer_debloat_target=None)
     if mode is not None:
         env.enable_checkpointing(interval, chk, mode=mode, retained=10_000, timeout=600.0)
     sink = GroupTotalsSink()  # keeps (key, running count) pairs' count and last counts
@@ -322,5 +325,107 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if met else 1
 
 
+
+
+# -- slow operators: in-flight data bounded by time (buffer debloating) -------
+#
+#     python benchmarks/backpressure.py slow-operators            # debloating on
+#     python benchmarks/backpressure.py slow-operators --compare  # and off, alternating
+#
+# The jobs of issue 26 (item 6), parallelism 2, an aligned checkpoint every
+# 0.5 s: a map sleeping ``ms`` per record (a model call, say) behind an
+# exchange, or chained to a file source, then key_by -> count -> ListSink.
+# Without debloating a channel holds channel_capacity x batch_size records,
+# seconds of the slow map's work, and a barrier waits behind all of them.
+# Reported per job: periodic checkpoints completed, their duration p50/p90
+# and the longest time without a completion (from the start, between
+# completions, to the end). Goal: p90 <= 1.2 s at the default target (1 s).
+
+SLOW_JOBS = (("exchange", 0.3, 30_000), ("exchange", 2.0, 4_000), ("file", 0.3, 20_000))
+SLOW_GOAL = 1.2
+
+
+def _sleeping(ms: float) -> Any:
+    seconds = ms / 1000
+
+    def slow(r: Any) -> Any:
+        time.sleep(seconds)
+        return r
+
+    return slow
+
+
+def run_slow_operator(kind: str, ms: float, n: int, folder: Path, target: float | None,
+                      interval: float = 0.5) -> tuple[float, list[float], float]:
+    """One run: its duration, the periodic checkpoints' durations and the
+    longest time without a completed checkpoint."""
+    folder.mkdir(parents=True)
+    env = ef.StreamEnvironment(parallelism=2, buffer_debloat_target=target)
+    env.enable_checkpointing(interval, folder / "chk", retained=10_000, timeout=600.0)
+    if kind == "exchange":
+        src = env.from_collection(range(n))
+    else:
+        path = folder / "input.txt"
+        path.write_text("".join(f"{i}\n" for i in range(n)), encoding="utf-8")
+        src = env.read_text_file(path).map(int)
+    sink = ef.ListSink()
+    src.map(_sleeping(ms)).key_by(lambda i: i % 10).count().sink_to(sink)
+    gc.collect()
+    started = time.time()
+    env.execute(f"slow-{kind}")
+    ended = time.time()
+    last = {k: c for k, c in sink.results}
+    if last != {k: len(range(k, n, 10)) for k in range(10)}:
+        raise SystemExit(f"{kind} {ms} ms: wrong final counts {last}")
+    infos = [c for c in ef.list_checkpoints(folder / "chk") if not c.final]
+    marks = [started, *sorted(c.completed_at for c in infos), ended]
+    gap = max(marks[i + 1] - marks[i] for i in range(len(marks) - 1))
+    shutil.rmtree(folder, ignore_errors=True)
+    return ended - started, [c.duration for c in infos], gap
+
+
+def slow_operators_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description="checkpoints behind slow operators")
+    ap.add_argument("--target", type=float, default=1.0, help="buffer_debloat_target (s)")
+    ap.add_argument("--compare", action="store_true",
+                    help="also run each job with debloating off, alternating")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--scale", type=float, default=1.0, help="records x this")
+    args = ap.parse_args(argv)
+    settings: list[float | None] = [args.target] + ([None] if args.compare else [])
+    base = Path(tempfile.mkdtemp(prefix="eddyflow-slow-operators-"))
+    met = True
+    print(f"{'job':<22} {'debloat':>8} {'run (s)':>8} {'checkpoints':>11} {'p50 (s)':>8} "
+          f"{'p90 (s)':>8} {'longest gap (s)':>16}")
+    try:
+        for kind, ms, n in SLOW_JOBS:
+            n = max(100, int(n * args.scale))
+            runs: dict[float | None, list[tuple[float, list[float], float]]] = {}
+            for r in range(args.rounds):
+                order = settings if r % 2 == 0 else settings[::-1]
+                for target in order:
+                    runs.setdefault(target, []).append(run_slow_operator(
+                        kind, ms, n, base / f"{kind}-{ms}-{r}-{target}", target))
+            for target in settings:
+                durations = [d for _, ds, _ in runs[target] for d in ds]
+                elapsed = statistics.median(e for e, _, _ in runs[target])
+                gap = max(g for _, _, g in runs[target])
+                p90 = pct(durations, 0.9)
+                label = f"{kind} {ms:g} ms x {n:,}"
+                print(f"{label:<22} {'off' if target is None else f'{target:g} s':>8} "
+                      f"{elapsed:>8.1f} {len(durations):>11} {pct(durations, 0.5):>8.2f} "
+                      f"{p90:>8.2f} {gap:>16.2f}")
+                if target == 1.0 and not p90 <= SLOW_GOAL:
+                    met = False
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    if args.target == 1.0:
+        print(f"aligned p90 <= {SLOW_GOAL} s at the default target: "
+              f"{'met' if met else 'NOT met'}")
+    return 0 if met else 1
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["slow-operators"]:
+        sys.exit(slow_operators_main(sys.argv[2:]))
     sys.exit(main())

@@ -153,6 +153,8 @@ def test_set_parallelism_and_name_need_an_operator(partitioning: str) -> None:
     ({"batch_size": 0}, ValueError),
     ({"channel_capacity": 0}, ValueError),
     ({"buffer_timeout": -0.1}, ValueError),
+    ({"buffer_debloat_target": 0}, ValueError),
+    ({"buffer_debloat_target": float("inf")}, ValueError),
 ])
 def test_environment_bad_config(kwargs: dict[str, Any], exc: type[Exception]) -> None:
     with pytest.raises(exc):

@@ -119,7 +119,13 @@ class StreamEnvironment:
     ``channel_capacity`` (a channel holds ``channel_capacity * batch_size``
     records, plus at most one batch, before it back-pressures the producer)
     tune the runtime; the defaults favour throughput with a
-    latency bound of about 10 ms.
+    latency bound of about 10 ms. ``buffer_debloat_target`` (seconds, 1 by
+    default; ``None``: off) bounds the records in flight by time rather than
+    by count, after Flink's buffer debloating: behind a slow consumer each
+    channel holds, and its producer hands over at once, only what that
+    consumer works off, at its measured rate, within the target, so an
+    aligned barrier crosses a back-pressured stage in about that time.
+    Channels never grow past ``channel_capacity`` and ``batch_size``.
 
     An environment runs its job once: a second ``execute()`` or
     ``execute_async()`` raises ``RuntimeError`` (the sinks and sources it
@@ -137,6 +143,7 @@ class StreamEnvironment:
         buffer_timeout: float = 0.01,
         channel_capacity: int = 8,
         chaining: bool = True,
+        buffer_debloat_target: float | None = 1.0,
     ) -> None:
         self.parallelism = _positive_int(parallelism, "parallelism")
         self.max_parallelism = _positive_int(max_parallelism, "max_parallelism")
@@ -154,6 +161,9 @@ class StreamEnvironment:
             raise ValueError(f"buffer_timeout must be >= 0 seconds, got {buffer_timeout}")
         self.buffer_timeout = float(buffer_timeout)
         self.channel_capacity = _positive_int(channel_capacity, "channel_capacity")
+        self.buffer_debloat_target = (None if buffer_debloat_target is None else
+                                      _positive_seconds(buffer_debloat_target,
+                                                        "buffer_debloat_target"))
         self.chaining = chaining
         self.state_backend: StateBackend = MemoryStateBackend()
         self.checkpoint_config: CheckpointConfig | None = None
@@ -305,6 +315,7 @@ class StreamEnvironment:
             batch_size=self.batch_size,
             buffer_timeout=self.buffer_timeout,
             channel_capacity=self.channel_capacity,
+            buffer_debloat_target=self.buffer_debloat_target,
             max_parallelism=self.max_parallelism,
             state_backend=self.state_backend,
             clock=self.clock,

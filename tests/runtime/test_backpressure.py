@@ -88,8 +88,11 @@ def test_fast_source_slow_sink_keeps_queues_bounded() -> None:
     # takes fewer batches than the four producers add meanwhile, and its
     # channels fill up.
     n = 40_000
+    # The bound by count alone, exactly (debloating sizes the sources' reads
+    # by measured rates, so a writer's buffer may hold a short read's rest
+    # when the next read tops it up: see test_debloat_job.py).
     env = ef.StreamEnvironment(parallelism=4, batch_size=BATCH, channel_capacity=CAPACITY,
-                               chaining=False)
+                               chaining=False, buffer_debloat_target=None)
     sink = QueueProbeSink(delay=0.002)
     (env.from_collection(range(n)).set_parallelism(4)
         .map(lambda x: x + 1)
@@ -125,8 +128,10 @@ def test_fan_out_keeps_channels_bounded() -> None:
     # eight), so a channel batch can hold one input batch's fan-out; the
     # channel still stops its producer at capacity x batch_size records.
     fan_out = 8
+    # By count alone, as above: with debloating a read may fall short of a
+    # batch, and the rest of its fan-out waits in the buffer for the next.
     env = ef.StreamEnvironment(parallelism=2, batch_size=BATCH, channel_capacity=CAPACITY,
-                               chaining=False)
+                               chaining=False, buffer_debloat_target=None)
     sink = QueueProbeSink(delay=0.00005)
     (env.from_collection(range(20_000)).set_parallelism(2)
         .flat_map(lambda x: [x] * fan_out)

@@ -566,7 +566,10 @@ def test_feedback_spills_to_disk_and_results_stay_exact(parallelism: int,
     # Channels that queue several batches: the loop body then works off a
     # backlog and puts several batches onto the back-edge in one turn, faster
     # than the head reads them, so the back-edge outgrows its memory bound.
-    env = ef.StreamEnvironment(parallelism=parallelism, batch_size=4, channel_capacity=8)
+    # (By count: debloating would size them by rates measured as the short
+    # job goes, starting small.)
+    env = ef.StreamEnvironment(parallelism=parallelism, batch_size=4, channel_capacity=8,
+                               buffer_debloat_target=None)
     env.enable_checkpointing(0.01, tmp_path / "chk")
     loop = env.from_collection([(i, rounds) for i in range(ids)]).iterate()
     body = loop.flat_map(double)

@@ -23,6 +23,7 @@ from eddyflow.runtime.channel import Channel, InputGate
 from eddyflow.runtime.channel_state import channel_key, split_channel_key
 from eddyflow.runtime.clock import WALL_CLOCK, Clock
 from eddyflow.runtime.coordinator import CheckpointConfig, CheckpointCoordinator
+from eddyflow.runtime.debloat import Debloater, InFlightBounds
 from eddyflow.runtime.events import RecordBatch
 from eddyflow.runtime.loops import LoopTracker
 from eddyflow.runtime.operators import Operator, OperatorContext, SinkSpec, SourceSpec
@@ -55,6 +56,9 @@ class RuntimeConfig:
     clock: Clock = WALL_CLOCK
     #: Seconds between a generator's watermarks while busy (0: every batch).
     auto_watermark_interval: float = 0.2
+    #: Seconds of records a channel may queue, by its consumer's measured
+    #: rate (``runtime/debloat.py``); ``None``: bounded by count alone.
+    buffer_debloat_target: float | None = 1.0
 
 
 class JobRunner:
@@ -144,6 +148,9 @@ class JobRunner:
         entries: dict[tuple[int, int], list[LoopTracker | None]] = {}
         heads: dict[tuple[int, int], LoopTracker] = {}
         outputs: dict[tuple[int, int], list[RecordWriter]] = {}
+        # Each channel's writer and its index there: a consumer's debloating
+        # sizes the batches its producers hand over.
+        feeds: dict[int, tuple[Channel, RecordWriter, int]] = {}
         for x in plan.exchanges:
             chans = self._channels(x)
             p_up = plan.chains[x.source_chain].parallelism
@@ -165,6 +172,8 @@ class JobRunner:
                 mine = [ch for (u, _), ch in sorted(chans.items()) if u == i]
                 writer = self._writer(x, mine, i)
                 writer.tracker = tracker
+                for k, ch in enumerate(mine):
+                    feeds[id(ch)] = (ch, writer, k)
                 outputs.setdefault((x.source_chain, i), []).append(writer)
 
         tasks = []
@@ -191,10 +200,13 @@ class JobRunner:
                     assert isinstance(head.payload, SourceSpec)
                     reader = head.payload.source.create_reader(s, chain.parallelism)
                     task = Task(chain.name, s, chain.parallelism, ops, writers,
-                                reader=reader, source_uid=head.uid, **common)
+                                reader=reader, source_uid=head.uid,
+                                debloat=self._debloater([], writers), **common)
                 else:
                     key = (chain.index, s)
                     gate = InputGate(inputs.get(key, []))
+                    common["debloat"] = self._debloater(
+                        [feeds[id(ch)] for ch in gate.channels if ch.capacity is not None])
                     loop = heads.get(key)
                     if loop is not None:
                         loop.heads.append(gate)
@@ -206,6 +218,16 @@ class JobRunner:
         self.tasks = tasks
         self.coordinator.attach(tasks)
         return tasks
+
+    def _debloater(self, inputs: list[tuple[Channel, RecordWriter, int]],
+                   outputs: list[RecordWriter] | None = None) -> Debloater | None:
+        """What sizes a task's bounded ``inputs`` (or a source task's reads,
+        by its ``outputs`` too) by its measured rate, unless debloating is off."""
+        cfg = self.config
+        if cfg.buffer_debloat_target is None:
+            return None
+        return Debloater(InFlightBounds(cfg.buffer_debloat_target, cfg.batch_size,
+                                        cfg.channel_capacity), inputs, outputs or ())
 
     def _spawn_write(self, fn: Any) -> None:
         # Snapshot writes run in the job's task group: a failing write fails

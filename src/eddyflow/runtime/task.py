@@ -54,6 +54,7 @@ from eddyflow.errors import StateSerializationError
 from eddyflow.runtime.barriers import BarrierHandler, CheckpointMode
 from eddyflow.runtime.channel import InputGate, Interrupt
 from eddyflow.runtime.clock import Clock
+from eddyflow.runtime.debloat import Debloater
 from eddyflow.runtime.events import (
     END_OF_INPUT,
     Barrier,
@@ -115,6 +116,7 @@ class Task(EventTime, Snapshotting):
         input_entries: list[LoopTracker | None] | None = None,
         clock: Clock | None = None,
         auto_watermark_interval: float = 0.2,
+        debloat: Debloater | None = None,
     ) -> None:
         if (gate is None) == (reader is None):
             raise ValueError("a task reads either from a gate or from a source reader")
@@ -147,6 +149,8 @@ class Task(EventTime, Snapshotting):
         self.source_label = f"source '{source_uid}' (subtask {subtask + 1} of {parallelism})"
         self.batch_size = batch_size
         self.buffer_timeout = buffer_timeout
+        #: Sizes this task's inputs (or reads) by its measured rate, if on.
+        self.debloat = debloat
         self.records_read = 0
         self._dirty_since = 0.0
         self._warned_sharing = False
@@ -250,7 +254,14 @@ class Task(EventTime, Snapshotting):
 
     async def _process_input(self, batch: list[Any], span: Span | None,
                              timestamps: list[Any] | None = None) -> None:
-        out, stamps = self._run_chain(batch, 0, timestamps)
+        debloat = self.debloat
+        if debloat is None:
+            out, stamps = self._run_chain(batch, 0, timestamps)
+        else:
+            # Its own work, not the waits for output space: what a turn is.
+            began = time.perf_counter()
+            out, stamps = self._run_chain(batch, 0, timestamps)
+            debloat.worked(len(batch), began, time.perf_counter())
         if self._assigner is not None:
             await self._generator_status()  # active again: said before the records
             await self._emit(out, span, batch, stamps)
@@ -436,7 +447,8 @@ class Task(EventTime, Snapshotting):
             raise failure
 
     async def _read_source(self, reader: SourceReader) -> None:
-        size = self.batch_size
+        debloat = self.debloat
+        size = self.batch_size if debloat is None else debloat.read_size
         label = self.source_label
         start = reader.position()
         if self._clocked:
@@ -470,6 +482,8 @@ class Task(EventTime, Snapshotting):
                     await self._await_input(reader)
             else:
                 await self._maybe_flush()
+            if debloat is not None:
+                size = debloat.read_size
             # A source that never blocks must still let the rest of the
             # job (and the embedding program) run.
             await asyncio.sleep(0)
@@ -543,6 +557,7 @@ class Task(EventTime, Snapshotting):
         turn = time.monotonic()
         valve = self._valve
         assert valve is not None
+        debloat = self.debloat
         if self._clocked:
             self._schedule_clock()
         while regular_left or back_left:
@@ -572,7 +587,10 @@ class Task(EventTime, Snapshotting):
                 await self._flush()
                 if not ended and self._loop_is_empty():
                     continue
+                waited = time.perf_counter()
                 await gate.wait()
+                if debloat is not None:
+                    debloat.idle(time.perf_counter() - waited)
                 continue
             i, item = got
             kind = type(item)
@@ -594,14 +612,27 @@ class Task(EventTime, Snapshotting):
                 # instead of ~1,000, every record waited in memory long
                 # enough to cost 40% more to process, and barriers took
                 # 60-70 ms instead of 20 ms to get through.
-                if gate.backlog() <= self.batch_size or time.monotonic() - turn >= _TURN:
-                    await asyncio.sleep(0)
+                backlog = gate.backlog()
+                if backlog <= self.batch_size or time.monotonic() - turn >= _TURN:
+                    if debloat is not None and not backlog:
+                        # Nothing left to take: the other tasks' turns are
+                        # idle time here, not a slow drain.
+                        waited = time.perf_counter()
+                        await asyncio.sleep(0)
+                        debloat.idle(time.perf_counter() - waited)
+                    else:
+                        await asyncio.sleep(0)
                     turn = time.monotonic()
             elif kind is Barrier:
+                paused = time.perf_counter()
                 if self.regular[i]:
                     await self.barriers.on_barrier(i, item)
                 else:
                     self.barriers.on_back_edge_barrier(i, item)
+                if debloat is not None:
+                    # Snapshotting (and writing, in synchronous mode) is no
+                    # slow drain: a fixed cost per checkpoint, not per record.
+                    debloat.idle(time.perf_counter() - paused)
             elif kind is Watermark:
                 wm = valve.on_watermark(i, item.timestamp)
                 if wm is not None:

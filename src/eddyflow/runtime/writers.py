@@ -54,6 +54,10 @@ class RecordWriter:
     def __init__(self, channels: list[Channel], batch_size: int, label: str) -> None:
         self.channels = channels
         self.batch_size = batch_size
+        #: The configured batch size; ``batch_size`` is less while a
+        #: consumer's debloating asks for smaller batches (``limit_batch``).
+        self.max_batch = batch_size
+        self._limits = [batch_size] * len(channels)
         self.label = label  # "source -> target" for errors and metrics
         self.buffers = [RecordBatch() for _ in channels]
         self.full = False
@@ -76,7 +80,39 @@ class RecordWriter:
     async def _send(self, i: int, buf: RecordBatch) -> None:
         # Sent whole, however much a fan-out overfilled it: channels bound
         # records, not batches, and one hand-off is cheaper than ten.
+        # Unless a slow consumer asked for smaller batches (debloating).
+        size = self.batch_size
+        if len(buf) > size and size < self.max_batch:
+            await self._send_parts(i, buf, size)
+            return
         await self.channels[i].put(buf, self.interrupt)
+
+    async def _send_parts(self, i: int, buf: RecordBatch, size: int) -> None:
+        """Send ``buf`` (taken out of buffer ``i``, which is empty) in batches
+        of ``size``. What is not sent yet goes back into the buffer while a
+        part is being put, so that a barrier overtaking meanwhile takes it
+        along (``overtake``), ahead of itself."""
+        put = self.channels[i].put
+        while len(buf) > size:
+            part = RecordBatch(buf[:size], buf.span,
+                               None if buf.timestamps is None else buf.timestamps[:size])
+            del buf[:size]
+            if buf.timestamps is not None:
+                del buf.timestamps[:size]
+            self.buffers[i] = buf
+            await put(part, self.interrupt)
+            if self.buffers[i] is not buf:
+                return  # overtaken: the rest went into the channel before the barrier
+            self.buffers[i] = RecordBatch()
+        await put(buf, self.interrupt)
+
+    def limit_batch(self, index: int, size: int) -> None:
+        """Debloating: the consumer of channel ``index`` takes batches of
+        ``size`` records (at most the configured size). The writer fills
+        its buffers up to the smallest such size over its channels."""
+        limits = self._limits
+        limits[index] = min(size, self.max_batch)
+        self.batch_size = min(limits)
 
     @property
     def emitting(self) -> Any:

@@ -38,6 +38,10 @@ def slow(event: Any) -> Any:
 def build(env: ef.StreamEnvironment) -> None:
     env.batch_size = 16
     env.channel_capacity = 2
+    # Small channels by count: debloating would size them, and the batches,
+    # by rates measured on a machine that may be loaded, which changes
+    # which exchanges hold records at a barrier.
+    env.buffer_debloat_target = None
     (
         env.from_collection(events()).name("events")
         .key_by(0)
