@@ -436,6 +436,19 @@ class CheckpointCoordinator:
         self.sweep_aborted()
         self.collect_shared_garbage()
 
+    def end_run(self) -> None:
+        """The run is over, finished or failed, and every write of its tasks
+        has landed: a checkpoint still in flight will never be acknowledged.
+        Abort it, so that its folder goes and the shared files no retained
+        checkpoint references can be collected (a failed run left them
+        behind whenever a checkpoint was in flight at the failure)."""
+        self._stopped = True
+        for p in (self._pending, self._final):
+            if p is not None and p.id not in self._completing:
+                self._abort(p, "the run ended before it completed", logging.INFO)
+        if self._final is not None and self._final.id not in self._completing:
+            self._final = None
+
     def collect_shared_garbage(self) -> None:
         """Remove shared files no retained checkpoint references, unless a
         checkpoint is in flight: its snapshots may build on one of them

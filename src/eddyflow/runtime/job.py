@@ -382,6 +382,7 @@ class JobRunner:
                     t.close()
                 except Exception as exc:
                     closing.append(exc)
+            coordinator.end_run()
             coordinator.sweep_aborted()
             coordinator.collect_shared_garbage()
             if writer is not None:
