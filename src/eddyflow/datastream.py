@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from eddyflow.connectors.sink import PrintSink, Sink
 from eddyflow.functions import KeyedProcessFunction
 from eddyflow.graph.logical import Node, Partitioning
-from eddyflow.runtime.operators import (
+from eddyflow.runtime.operators.base import (
     FilterSpec,
     FlatMapSpec,
     IterationHeadSpec,
@@ -28,8 +28,8 @@ from eddyflow.runtime.operators import (
     MapWithStateSpec,
     SinkSpec,
 )
-from eddyflow.runtime.watermarks import AssignTimestampsSpec
-from eddyflow.runtime.windows import MainOutputSpec, SideOutputSpec, WindowSpec
+from eddyflow.runtime.operators.windows import MainOutputSpec, SideOutputSpec, WindowSpec
+from eddyflow.runtime.time.watermarks import AssignTimestampsSpec
 from eddyflow.windowing.functions import (
     AggregateAdapter,
     AggregateFunction,

@@ -9,6 +9,15 @@ import secrets
 from collections.abc import AsyncIterable, Iterable
 from typing import Any
 
+from eddyflow.checkpoint.commits import commit_record_ids, next_checkpoint_id
+from eddyflow.checkpoint.lock import FolderLock
+from eddyflow.checkpoint.metadata import read_checkpoint
+from eddyflow.checkpoint.storage import (
+    METADATA,
+    CheckpointCorrupted,
+    CheckpointStorage,
+    parse_checkpoint_dir,
+)
 from eddyflow.connectors.asynciter import AsyncIterableSource
 from eddyflow.connectors.collection import CollectionSource
 from eddyflow.connectors.log import LogSource
@@ -22,25 +31,16 @@ from eddyflow.graph.plan import ExecutionPlan, build_plan
 from eddyflow.keygroups import MAX_PARALLELISM
 from eddyflow.restart import NoRestart, RestartStrategy
 from eddyflow.result import JobResult
-from eddyflow.runtime.barriers import MODES, CheckpointMode
-from eddyflow.runtime.clock import WALL_CLOCK, Clock
-from eddyflow.runtime.coordinator import CheckpointConfig
+from eddyflow.runtime.checkpointing.barriers import MODES, CheckpointMode
+from eddyflow.runtime.checkpointing.coordinator import CheckpointConfig
 from eddyflow.runtime.job import JobRunner, RuntimeConfig
 from eddyflow.runtime.metrics import MetricsCallback, MetricsReporter
-from eddyflow.runtime.operators import SinkSpec, SourceSpec
-from eddyflow.runtime.restore import RestoredCheckpoint
-from eddyflow.runtime.supersede import supersede_later_output
+from eddyflow.runtime.operators.base import SinkSpec, SourceSpec
+from eddyflow.runtime.recovery.restore import RestoredCheckpoint
+from eddyflow.runtime.recovery.supersede import supersede_later_output
+from eddyflow.runtime.time.clock import WALL_CLOCK, Clock
 from eddyflow.state.abc import StateBackend
-from eddyflow.state.commits import commit_record_ids, next_checkpoint_id
-from eddyflow.state.lock import FolderLock
 from eddyflow.state.memory import MemoryStateBackend
-from eddyflow.state.metadata import read_checkpoint
-from eddyflow.state.storage import (
-    METADATA,
-    CheckpointCorrupted,
-    CheckpointStorage,
-    parse_checkpoint_dir,
-)
 
 __all__ = ["StreamEnvironment"]
 
@@ -64,7 +64,7 @@ def _latest_or_refuse(storage: CheckpointStorage) -> RestoredCheckpoint | None:
 
 
 def _base_of(restored: RestoredCheckpoint | None, own: str | None) -> tuple[str, int] | None:
-    """The ``base`` of a run's checkpoints (state/commits.py): a restore from
+    """The ``base`` of a run's checkpoints (checkpoint/commits.py): a restore from
     the job's own folder inherits its checkpoint's, one from another folder
     is based on that checkpoint; a fresh start has none."""
     if restored is None:
@@ -404,7 +404,7 @@ class StreamEnvironment:
         if restored is not None:
             restored.check_compatible(plan, allow_non_restored_state=allow_non_restored_state)
         # A fresh start draws a new lineage; a restore continues the one of
-        # its checkpoint (state/commits.py).
+        # its checkpoint (checkpoint/commits.py).
         lineage = (restored.meta.lineage if restored is not None else None) \
             or secrets.token_hex(8)
         sinks = {n.uid: n.payload.sink for n in plan.graph.nodes

@@ -19,10 +19,10 @@ from eddyflow.state.handles import (
     TtlValueState,
     ValueState,
 )
-from eddyflow.windowing.ttl import StateTtl
+from eddyflow.state.ttl import StateTtl
 
 if TYPE_CHECKING:
-    from eddyflow.runtime.timers import TimerService
+    from eddyflow.runtime.time.timers import TimerService
 
 __all__ = ["KeyedProcessFunction", "RuntimeContext"]
 

@@ -23,11 +23,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eddyflow.backedge import FeedbackChannel, read_backedge_log, write_backedge_log
-from eddyflow.backedge.log import BackEdgeRecords
-from eddyflow.runtime.channel import InputGate
-from eddyflow.runtime.events import END_OF_INPUT, Barrier, EndOfInput, RecordBatch
-from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage
+from eddyflow.checkpoint.storage import CheckpointCorrupted, CheckpointStorage
+from eddyflow.runtime.checkpointing.backedge_log import (
+    BackEdgeRecords,
+    read_backedge_log,
+    write_backedge_log,
+)
+from eddyflow.runtime.exchange.channel import InputGate
+from eddyflow.runtime.exchange.events import END_OF_INPUT, Barrier, EndOfInput, RecordBatch
+from eddyflow.runtime.exchange.feedback import FeedbackChannel
 
 # -- helpers ---------------------------------------------------------------------
 
@@ -350,7 +354,7 @@ def test_backedge_log_round_trip(tmp_path: Path) -> None:
 def test_backedge_log_holds_records_as_they_were_when_logged(tmp_path: Path) -> None:
     """The loop body changes records in place after the head logged them:
     the log (channel state of the checkpoint) must not see those changes."""
-    from eddyflow.runtime.channel_state import ChannelStateLog
+    from eddyflow.runtime.checkpointing.channel_state import ChannelStateLog
 
     async def never(_: ChannelStateLog) -> None:
         raise AssertionError("not written here")

@@ -7,13 +7,13 @@ import pickle
 
 import pytest
 
-from eddyflow.backedge.log import (
+from eddyflow.checkpoint.storage import CheckpointCorrupted
+from eddyflow.runtime.checkpointing.backedge_log import (
     BackEdgeRecords,
     decode_backedge_batches,
     decode_backedge_log,
     encode_batch,
 )
-from eddyflow.state.storage import CheckpointCorrupted
 
 
 def _file(channels: dict[str, list[bytes]], fmt: int = 3) -> bytes:

@@ -10,9 +10,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from eddyflow.checkpoint.storage import METADATA, CheckpointStorage, FileHandle, _checksum_of
 from eddyflow.offline.checkpoint import keyed_files, open_checkpoint, read_keyed_file
 from eddyflow.state.format import encode_frames
-from eddyflow.state.storage import METADATA, CheckpointStorage, FileHandle, _checksum_of
 
 Entry = tuple[int, str, Any, Any]  # key group, state, key, value
 
@@ -105,8 +105,8 @@ def rewrite_channel_state(chk: str, change: Callable[[list[Any]], list[Any]]) ->
     whose records are ``change(records)`` for each logged batch, keeping
     the checkpoint valid (sizes and checksums re-signed). Returns how many
     files were rewritten."""
-    from eddyflow.backedge.log import encode_batch, encode_logged_channels
-    from eddyflow.runtime.channel_state import read_channel_state
+    from eddyflow.runtime.checkpointing.backedge_log import encode_batch, encode_logged_channels
+    from eddyflow.runtime.checkpointing.channel_state import read_channel_state
 
     ref = open_checkpoint(chk)
     meta = CheckpointStorage(ref.root).read_metadata(ref.id)

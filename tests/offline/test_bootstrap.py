@@ -23,12 +23,12 @@ from conftest import EXAMPLES, env_for
 from tamper import change_one_drop_one, rewrite_state
 
 import eddyflow as ef
+from eddyflow.checkpoint.metadata import read_checkpoint
+from eddyflow.checkpoint.storage import CheckpointStorage
 from eddyflow.cli.main import main
 from eddyflow.jobfile import build_environment
 from eddyflow.offline import BootstrapError, bootstrap, open_checkpoint, validate
 from eddyflow.offline.bootstrap import _python
-from eddyflow.state.metadata import read_checkpoint
-from eddyflow.state.storage import CheckpointStorage
 
 WORDCOUNT = EXAMPLES / "wordcount.py"
 JOBS = Path(__file__).parent / "jobs"

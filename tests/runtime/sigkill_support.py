@@ -86,7 +86,7 @@ def writer_helpers_of(pid: int) -> list[int]:
                 argv = f.read().split(b"\0")
         except OSError:
             continue
-        if any(a.endswith(b"_writer_main.py") for a in argv) and str(pid).encode() in argv:
+        if any(a.endswith(b"writer_main.py") for a in argv) and str(pid).encode() in argv:
             found.append(int(entry))
     return found
 

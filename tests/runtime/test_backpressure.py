@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import eddyflow as ef
-from eddyflow.runtime.events import RecordBatch
+from eddyflow.runtime.exchange.events import RecordBatch
 from eddyflow.runtime.job import JobRunner
 
 

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from eddyflow.errors import StateSerializationError
-from eddyflow.runtime.barriers import BarrierHandler, CheckpointMode, HandlerState
-from eddyflow.runtime.channel import Channel, InputGate
-from eddyflow.runtime.channel_state import ChannelStateLog
-from eddyflow.runtime.events import Barrier, RecordBatch
+from eddyflow.runtime.checkpointing.barriers import BarrierHandler, CheckpointMode, HandlerState
+from eddyflow.runtime.checkpointing.channel_state import ChannelStateLog
+from eddyflow.runtime.exchange.channel import Channel, InputGate
+from eddyflow.runtime.exchange.events import Barrier, RecordBatch
 
 
 class Host:

@@ -45,10 +45,10 @@ import pytest
 from job_support import StateBackendFactory, keyed_backends, read_parts
 
 import eddyflow as ef
+from eddyflow.checkpoint import storage as storage_module
+from eddyflow.checkpoint import writer as writer_module
 from eddyflow.runtime import faults
 from eddyflow.state import forked
-from eddyflow.state import storage as storage_module
-from eddyflow.state import writer as writer_module
 from eddyflow.state.memory import snapshot as memory_snapshot
 
 N = 2000
@@ -257,11 +257,11 @@ def test_failure_between_precommit_and_commit_commits_on_recovery(
     sink = ef.FileSink(tmp_path / "out")
     count_job(env, sink)
     ef.testing.arm("sink.before_commit", after=3, times=1)
-    with caplog.at_level(logging.INFO, logger="eddyflow.checkpoints"):
+    with caplog.at_level(logging.INFO, logger="eddyflow.checkpoint.listing"):
         result = run(env)
     assert result.restarts == 1
     # The checkpoint whose commit failed is complete and was kept.
-    complete = [r.getMessage() for r in caplog.records if r.name == "eddyflow.checkpoints"
+    complete = [r.getMessage() for r in caplog.records if r.name == "eddyflow.checkpoint.listing"
                 and r.getMessage().startswith("checkpoint ")
                 and " complete in " in r.getMessage()]
     assert complete[3].startswith("checkpoint 4 complete"), complete
@@ -424,10 +424,10 @@ def test_damaged_latest_checkpoint_is_skipped_with_a_warning(
         (_flip_byte if damage == "flipped-state-byte" else _truncate)(bad)
     position = source_position(directory, previous)
 
-    with caplog.at_level(logging.WARNING, logger="eddyflow.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="eddyflow.checkpoint.listing"):
         result = restore_and_finish(directory, "latest")
     warnings = [r.getMessage() for r in caplog.records
-                if r.name == "eddyflow.checkpoints" and r.levelno == logging.WARNING]
+                if r.name == "eddyflow.checkpoint.listing" and r.levelno == logging.WARNING]
     assert any(f"checkpoint {newest}" in w and str(bad) in w for w in warnings), warnings
     # Restored from the previous checkpoint: read on from its position, and
     # the final counts are exact.
@@ -459,7 +459,7 @@ def test_all_checkpoints_damaged_restore_latest_is_refused(
     ids = crashed_run(directory)
     for n in ids:
         _truncate(directory / f"chk-{n}" / "_metadata")
-    with caplog.at_level(logging.WARNING, logger="eddyflow.checkpoints"), \
+    with caplog.at_level(logging.WARNING, logger="eddyflow.checkpoint.listing"), \
             pytest.raises(ef.RestoreRefused, match=r"no checkpoint in .* verifies") as refused:
         restore_and_finish(directory, "latest")
     assert "restore=None" in str(refused.value)
@@ -756,7 +756,7 @@ def test_checkpoint_timeout_aborts_and_output_stays_exactly_once(
     sink = _SlowSink(0.002)
     count_job(env, sink, failing=ef.testing.FailingMap(after=1200), records=RECORDS,
               pace_every=10**9)
-    with caplog.at_level(logging.WARNING, logger="eddyflow.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="eddyflow.checkpoint.listing"):
         result = run(env)
     aborted = [r.getMessage() for r in caplog.records if "aborted" in r.getMessage()]
     assert aborted, "no checkpoint timed out"
@@ -794,7 +794,7 @@ def test_checkpoint_timeout_while_state_files_are_written_does_not_fail_the_job(
     env = make_env(directory, interval=0.01, timeout=0.02, attempts=0, backend=state_backend)
     sink = ef.ListSink()
     count_job(env, sink)
-    with caplog.at_level(logging.WARNING, logger="eddyflow.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="eddyflow.checkpoint.listing"):
         result = run(env)
     # (Where small state files are written on the event loop's thread, the
     # timeout cannot strike in the middle of a write and nothing is aborted.)
@@ -849,9 +849,9 @@ def test_timeout_during_metadata_write_does_not_abort_a_completing_checkpoint(
     env = make_env(directory, interval=0.01, timeout=0.05, attempts=2, backend=state_backend)
     sink = ef.ListSink()
     count_job(env, sink, failing=ef.testing.FailingMap(after=1500), pace_every=4)
-    with caplog.at_level(logging.INFO, logger="eddyflow.checkpoints"):
+    with caplog.at_level(logging.INFO, logger="eddyflow.checkpoint.listing"):
         result = run(env)
-    messages = [r.getMessage() for r in caplog.records if r.name == "eddyflow.checkpoints"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "eddyflow.checkpoint.listing"]
     aborted = {int(m.split()[1]) for m in messages if " aborted: " in m}
     completed = {int(m.split()[1]) for m in messages if " complete in " in m}
     assert result.restarts == 1

@@ -1,4 +1,4 @@
-"""In-flight data bounded by time (``runtime/debloat.py``, after FLIP-183).
+"""In-flight data bounded by time (``runtime/exchange/debloat.py``, after FLIP-183).
 
 The estimator is driven by hand, with the times it is given (no clock, no
 timing asserts): a consumer's measured rate sizes the real channels and
@@ -17,11 +17,18 @@ from typing import Any
 import pytest
 
 import eddyflow as ef
-from eddyflow.runtime.channel import Channel, InputGate, Interrupt
-from eddyflow.runtime.debloat import PERIOD, QUEUE_SHARE, TURNS, Debloater, Ewma, InFlightBounds
-from eddyflow.runtime.events import Barrier, RecordBatch
+from eddyflow.runtime.exchange.channel import Channel, InputGate, Interrupt
+from eddyflow.runtime.exchange.debloat import (
+    PERIOD,
+    QUEUE_SHARE,
+    TURNS,
+    Debloater,
+    Ewma,
+    InFlightBounds,
+)
+from eddyflow.runtime.exchange.events import Barrier, RecordBatch
+from eddyflow.runtime.exchange.writers import ForwardWriter, KeyGroupWriter, RebalanceWriter
 from eddyflow.runtime.job import JobRunner
-from eddyflow.runtime.writers import ForwardWriter, KeyGroupWriter, RebalanceWriter
 
 BOUNDS = InFlightBounds(target=1.0, batch_size=1024, batches=8)
 

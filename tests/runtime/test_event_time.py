@@ -17,9 +17,9 @@ import pytest
 from job_support import StateBackendFactory
 
 import eddyflow as ef
-from eddyflow.runtime.events import RecordBatch, Watermark, WatermarkStatus
-from eddyflow.runtime.valve import WatermarkValve
-from eddyflow.runtime.writers import KeyGroupWriter, RebalanceWriter
+from eddyflow.runtime.exchange.events import RecordBatch, Watermark, WatermarkStatus
+from eddyflow.runtime.exchange.writers import KeyGroupWriter, RebalanceWriter
+from eddyflow.runtime.time.valve import WatermarkValve
 from eddyflow.windowing import is_late
 
 
@@ -73,7 +73,7 @@ def test_a_stream_without_event_time_has_no_timestamps() -> None:
 
 
 def test_writers_split_timestamps_with_their_records() -> None:
-    from eddyflow.runtime.channel import Channel
+    from eddyflow.runtime.exchange.channel import Channel
 
     chans = [Channel(f"c{i}", None) for i in range(3)]
     w = KeyGroupWriter(chans, 1000, "a -> b", lambda r: r, 128)

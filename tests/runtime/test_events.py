@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eddyflow.runtime.events import Span, merge_span
+from eddyflow.runtime.exchange.events import Span, merge_span
 
 
 @st.composite

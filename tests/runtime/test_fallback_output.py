@@ -3,7 +3,7 @@
 A sink commits a checkpoint's output once the checkpoint completes; if that
 checkpoint is then damaged (state file, ``_metadata`` truncated or deleted)
 or an earlier one is restored on purpose, the restored job produces that
-output again. The documented rule (runtime/supersede.py): the output
+output again. The documented rule (runtime/recovery/supersede.py): the output
 committed after the restored checkpoint is taken back first — ``FileSink``
 moves its files to ``_superseded/chk-<n>/``, ``ListSink`` moves its records
 to ``superseded`` — with a warning naming where; a sink that cannot take
@@ -100,7 +100,7 @@ def test_file_sink_crashed_run_broken_latest(tmp_path: Path, how: str,
     damage(chk, broken, how)
     env = make_env(chk)
     job(env, ef.FileSink(out))
-    with caplog.at_level(logging.WARNING, logger="eddyflow.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="eddyflow.checkpoint.listing"):
         result = run(env, restore="latest")
     assert_exact(committed(out))
     aside = out / "_superseded" / f"chk-{broken}"

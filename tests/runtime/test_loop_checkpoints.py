@@ -77,11 +77,11 @@ from hypothesis import strategies as st
 from job_support import Pace, StateBackendFactory, keyed_backends, mode_options, watched
 
 import eddyflow as ef
-from eddyflow.backedge import FeedbackChannel
 from eddyflow.runtime import faults
 from eddyflow.runtime import task as task_module
+from eddyflow.runtime.exchange.feedback import FeedbackChannel
 from eddyflow.runtime.job import JobRunner
-from eddyflow.runtime.restore import RestoredCheckpoint
+from eddyflow.runtime.recovery.restore import RestoredCheckpoint
 
 # The property test's records: key, value, rounds left, inner rounds left, as a
 # tuple, or as a dict or list (in SHAPES) that the loop body changes in place.
@@ -1287,8 +1287,8 @@ def committed_by(infos: list[ef.CheckpointInfo], n: int, out: Path) -> Counter[t
 
 def inconsistencies(info: ef.CheckpointInfo, committed: Counter[tuple[int, int]],
                     chk: Path) -> list[str]:
-    from eddyflow.backedge import read_backedge_log
-    from eddyflow.state.storage import FileHandle
+    from eddyflow.checkpoint.storage import FileHandle
+    from eddyflow.runtime.checkpointing.backedge_log import read_backedge_log
     logged: Counter[tuple[int, int]] = Counter()
     for part in info.operators["head"]["subtasks"].values():
         if "backedge" in part:

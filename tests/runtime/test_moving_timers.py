@@ -13,8 +13,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eddyflow.runtime.moving_timers import MovingTimers
-from eddyflow.runtime.timers import EVENT_TIME, TIMERS_STATE, TimerService
+from eddyflow.runtime.time.moving_timers import MovingTimers
+from eddyflow.runtime.time.timers import EVENT_TIME, TIMERS_STATE, TimerService
 from eddyflow.state.memory import MemoryKeyedStateBackend
 
 KEYS = ["a", "b"]

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
-from eddyflow.runtime.channel import Channel, InputGate, Interrupt
-from eddyflow.runtime.events import Barrier, RecordBatch, Watermark
-from eddyflow.runtime.writers import ForwardWriter
+from eddyflow.runtime.exchange.channel import Channel, InputGate, Interrupt
+from eddyflow.runtime.exchange.events import Barrier, RecordBatch, Watermark
+from eddyflow.runtime.exchange.writers import ForwardWriter
 
 
 def test_a_priority_item_goes_first_behind_earlier_priority_items() -> None:

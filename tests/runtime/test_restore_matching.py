@@ -6,7 +6,7 @@ head's back-edge log, a sink's pending transactions) must match an operator
 of the job by uid and by kind, or the restore is refused before anything
 runs with one ``ef.IncompatibleCheckpoint`` (a ``ValueError``) naming every
 unmatched operator. ``allow_non_restored_state=True`` drops that state
-deliberately, with a warning on ``eddyflow.checkpoints`` naming it, also
+deliberately, with a warning on ``eddyflow.checkpoint.listing`` naming it, also
 when the job restarts after a failure within the same ``execute``.
 
 Each test crashes a paced keyed count (a ``FailingMap``, no restarts) so
@@ -127,7 +127,7 @@ def source_position(info: ef.CheckpointInfo, uid: str) -> int:
 
 def dropped_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records
-            if r.name == "eddyflow.checkpoints" and r.levelno == logging.WARNING
+            if r.name == "eddyflow.checkpoint.listing" and r.levelno == logging.WARNING
             and "allow_non_restored_state" in r.getMessage()]
 
 
@@ -187,7 +187,7 @@ def test_changed_source_is_refused_and_dropped_only_when_allowed(
 
     env = make_env(directory)
     out = keyed_job(env, ef.ListSink(), source=new, aggregate=count)
-    with caplog.at_level(logging.WARNING, logger="eddyflow.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="eddyflow.checkpoint.listing"):
         result = run(env, "latest", allow_non_restored_state=True)
     warnings = dropped_warnings(caplog)
     assert len(warnings) == 1 and f"'{old_uid}'" in warnings[0], warnings
@@ -220,7 +220,7 @@ def test_count_changed_to_sum_under_the_same_name_is_refused_and_dropped_when_al
 
     env = make_env(directory)
     keyed_job(env, ef.ListSink(), source=named_source("src"), aggregate=as_sum)
-    with caplog.at_level(logging.WARNING, logger="eddyflow.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="eddyflow.checkpoint.listing"):
         result = run(env, "latest", allow_non_restored_state=True)
     assert any("'agg'" in w for w in dropped_warnings(caplog))
     # The count's state is gone, not lingering beside the sum's (state()
@@ -330,7 +330,7 @@ def test_restart_after_a_restore_that_dropped_state_drops_it_again(
     keyed_job(env, ef.ListSink(), source=named_source("src"),
               failing=ef.testing.FailingMap(after=100),
               aggregate=lambda keyed: keyed.sum(one).name("agg"))
-    with caplog.at_level(logging.WARNING, logger="eddyflow.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="eddyflow.checkpoint.listing"):
         result = run(env, "latest", allow_non_restored_state=True)
     assert result.restarts == 1
     assert len(result.completed_checkpoints) == 1  # the final one: no own one to restart from
@@ -421,7 +421,7 @@ def test_checkpoint_from_before_stable_ids_restores_its_unchanged_job(
     # A checkpoint written before lineages and stable ids named unnamed
     # operators "<kind>-<declaration index>": rewrite one that way, as the
     # earlier code wrote it, and restore the unchanged job from it.
-    from eddyflow.state.storage import CheckpointStorage
+    from eddyflow.checkpoint.storage import CheckpointStorage
 
     directory = tmp_path / "chk"
     info = crash(directory)
@@ -436,7 +436,7 @@ def test_checkpoint_from_before_stable_ids_restores_its_unchanged_job(
     asyncio.run(storage.write_metadata(info.id, meta))
     env = make_env(directory)
     keyed_job(env, ef.ListSink())
-    with caplog.at_level(logging.WARNING, logger="eddyflow.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="eddyflow.checkpoint.listing"):
         result = run(env, restore="latest")
     assert any("predates stable operator ids" in r.getMessage() for r in caplog.records)
     (count,) = [n.uid for n in env._graph.nodes if n.kind == "count"]

@@ -22,17 +22,17 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from eddyflow.backedge.feedback import FeedbackChannel
-from eddyflow.runtime.barriers import CheckpointMode
-from eddyflow.runtime.channel import Channel, InputGate
-from eddyflow.runtime.coordinator import TaskSnapshot
-from eddyflow.runtime.events import END_OF_INPUT, Barrier, RecordBatch
-from eddyflow.runtime.loops import LoopTracker
-from eddyflow.runtime.operators import IterationHeadSpec, OperatorContext
+from eddyflow.checkpoint.storage import CheckpointStorage
+from eddyflow.runtime.checkpointing.barriers import CheckpointMode
+from eddyflow.runtime.checkpointing.coordinator import TaskSnapshot
+from eddyflow.runtime.exchange.channel import Channel, InputGate
+from eddyflow.runtime.exchange.events import END_OF_INPUT, Barrier, RecordBatch
+from eddyflow.runtime.exchange.feedback import FeedbackChannel
+from eddyflow.runtime.exchange.loops import LoopTracker
+from eddyflow.runtime.exchange.writers import ForwardWriter
+from eddyflow.runtime.operators.base import IterationHeadSpec, OperatorContext
 from eddyflow.runtime.task import Task
-from eddyflow.runtime.writers import ForwardWriter
 from eddyflow.state.memory import MemoryStateBackend
-from eddyflow.state.storage import CheckpointStorage
 
 LOG, BACK_OWN, BACK_OTHER = 0, 1, 2  # the head's input channels
 TIMEOUT = 10.0  # every step takes microseconds; a hang fails the test instead

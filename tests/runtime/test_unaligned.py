@@ -94,7 +94,7 @@ def assert_exactly_once(got: list[Any]) -> None:
 
 def test_aligned_checkpoints_time_out_under_back_pressure(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="eddyflow.checkpoints")
+    caplog.set_level(logging.WARNING, logger="eddyflow.checkpoint.listing")
     sink = ef.ListSink()
     env = make_env(tmp_path / "chk", timeout=0.05, interval=0.02)
     # Channels bounded by count alone: with debloating an aligned barrier

@@ -17,10 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import eddyflow as ef
+from eddyflow.checkpoint.storage import CheckpointStorage
 from eddyflow.state import forked
 from eddyflow.state.abc import Changes, KeyedStateBackend, KeyedStateHandle, SnapshotTarget
 from eddyflow.state.memory import MemoryKeyedStateBackend
-from eddyflow.state.storage import CheckpointStorage
 
 MP = 128
 

@@ -1,4 +1,4 @@
-"""One job per checkpoint folder (state/lock.py): the second is refused
+"""One job per checkpoint folder (checkpoint/lock.py): the second is refused
 with the holder's pid; the lock of a killed process is taken over; a forked
 child never keeps it."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import eddyflow as ef
-from eddyflow.state.lock import FolderLock
+from eddyflow.checkpoint.lock import FolderLock
 
 SRC = Path(ef.__file__).resolve().parents[1]
 
@@ -53,7 +53,7 @@ def test_forked_child_does_not_keep_the_lock(tmp_path: Path) -> None:
 
 HOLD = """
 import sys, time
-from eddyflow.state.lock import FolderLock
+from eddyflow.checkpoint.lock import FolderLock
 FolderLock(sys.argv[1], "holder").acquire()
 print("locked", flush=True)
 time.sleep(60)
@@ -74,7 +74,7 @@ def test_stale_lock_of_a_killed_process_is_taken_over(
     finally:
         proc.kill()
         proc.wait()
-    with caplog.at_level(logging.INFO, logger="eddyflow.checkpoints"), \
+    with caplog.at_level(logging.INFO, logger="eddyflow.checkpoint.listing"), \
             FolderLock(tmp_path, "after") as lock:
         assert lock.held
     assert any(f"process {proc.pid}" in r.getMessage() and "gone" in r.getMessage()

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from eddyflow.checkpoint.storage import CheckpointCorrupted, CheckpointStorage
 from eddyflow.errors import StateSerializationError
 from eddyflow.keygroups import key_group_range
 from eddyflow.state import forked
@@ -32,7 +33,6 @@ from eddyflow.state.format import DELETED, apply_entries, decode_frame, read_key
 from eddyflow.state.handles import ListState, MapState, ReducingState, ValueState
 from eddyflow.state.memory import MemoryKeyedStateBackend, MemoryStateBackend
 from eddyflow.state.memory import snapshot as memory_snapshot
-from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage
 
 MP = 128
 

@@ -1,4 +1,4 @@
-"""The typed checkpoint metadata (``eddyflow.state.metadata``) and the
+"""The typed checkpoint metadata (``eddyflow.checkpoint.metadata``) and the
 ``chk-<n>`` folder names.
 
 Every checkpoint of a real job (a source, a loop with back-edge logs, keyed
@@ -23,17 +23,13 @@ from typing import Any
 import pytest
 
 import eddyflow as ef
-from eddyflow.offline.checkpoint import keyed_files, open_checkpoint, read_keyed_file
-from eddyflow.runtime.restore import RestoredCheckpoint
-from eddyflow.state.abc import KeyedStateHandle
-from eddyflow.state.format import encode_frames
-from eddyflow.state.metadata import (
+from eddyflow.checkpoint.metadata import (
     BackEdgeLog,
     CheckpointMetadata,
     SubtaskState,
     read_checkpoint,
 )
-from eddyflow.state.storage import (
+from eddyflow.checkpoint.storage import (
     METADATA,
     CheckpointCorrupted,
     CheckpointStorage,
@@ -42,6 +38,10 @@ from eddyflow.state.storage import (
     checkpoint_dir_name,
     parse_checkpoint_dir,
 )
+from eddyflow.offline.checkpoint import keyed_files, open_checkpoint, read_keyed_file
+from eddyflow.runtime.recovery.restore import RestoredCheckpoint
+from eddyflow.state.abc import KeyedStateHandle
+from eddyflow.state.format import encode_frames
 
 N = 1500
 KEYS = 12

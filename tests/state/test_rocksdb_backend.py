@@ -16,13 +16,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import eddyflow as ef
+from eddyflow.checkpoint.storage import CheckpointCorrupted, CheckpointStorage
 from eddyflow.errors import StateSerializationError
 from eddyflow.keygroups import key_group_for, key_group_range
 from eddyflow.state.abc import KeyedStateBackend, KeyedStateHandle, SnapshotTarget
 from eddyflow.state.handles import ListState, MapState, ReducingState, ValueState
 from eddyflow.state.rocksdb.backend import RocksDBKeyedStateBackend
 from eddyflow.state.rocksdb.keys import decode_key, encode_key
-from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage
 
 MP = 128
 

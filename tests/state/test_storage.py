@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from eddyflow.state import storage as storage_module
-from eddyflow.state.storage import (
+from eddyflow.checkpoint import storage as storage_module
+from eddyflow.checkpoint.storage import (
     METADATA,
     CheckpointCorrupted,
     CheckpointStorage,
@@ -219,7 +219,7 @@ def test_latest_valid_skips_damaged_checkpoints_with_a_warning(
     meta4 = Path(storage.checkpoint_dir(4), METADATA)
     meta4.write_bytes(meta4.read_bytes()[:10])
     flip_byte(Path(storage.root, h3.path))
-    with caplog.at_level(logging.WARNING, logger="eddyflow.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="eddyflow.checkpoint.listing"):
         found = storage.latest_valid()
     assert found is not None
     n, meta = found
@@ -235,7 +235,7 @@ def test_latest_valid_skips_a_checkpoint_whose_state_file_is_gone(
     complete(storage, 1)
     h2 = complete(storage, 2)
     Path(storage.root, h2.path).unlink()
-    with caplog.at_level(logging.WARNING, logger="eddyflow.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="eddyflow.checkpoint.listing"):
         found = storage.latest_valid()
     assert found is not None and found[0] == 1
     assert any(str(Path(storage.root, h2.path)) in r.getMessage() for r in caplog.records)

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 import eddyflow as ef
+from eddyflow.checkpoint.storage import CheckpointStorage
 from eddyflow.keygroups import key_group_for, key_group_range
 from eddyflow.state.abc import KeyedStateBackend, KeyedStateHandle, SnapshotTarget
 from eddyflow.state.handles import (
@@ -34,7 +35,6 @@ from eddyflow.state.handles import (
     TtlValueState,
     ValueState,
 )
-from eddyflow.state.storage import CheckpointStorage
 
 MP = 128
 TTL = ef.StateTtl(10.0)

@@ -24,13 +24,13 @@ from typing import Any
 import pytest
 
 import eddyflow as ef
+from eddyflow.checkpoint.storage import CheckpointStorage
 from eddyflow.errors import StateSerializationError, is_retryable
 from eddyflow.state import forked
 from eddyflow.state.abc import KeyedStateBackend, SnapshotTarget
 from eddyflow.state.handles import ListState, MapState, ValueState
 from eddyflow.state.memory import snapshot as memory_snapshot
 from eddyflow.state.rocksdb import backend as rocksdb_backend
-from eddyflow.state.storage import CheckpointStorage
 
 MP = 128
 REASON = r"Can't pickle local object '_local\.<locals>\.Local'"

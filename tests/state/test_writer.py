@@ -1,5 +1,5 @@
-"""The checkpoint writer process (``eddyflow.state.writer``) and its helper
-(``eddyflow.state._writer_main``): durable, atomic writes with the right
+"""The checkpoint writer process (``eddyflow.checkpoint.writer``) and its helper
+(``eddyflow.checkpoint.writer_main``): durable, atomic writes with the right
 size and checksum; failures reported, not fatal to the helper; a cancelled
 caller still waits for its write to land; a dead helper is an error, not a
 hang; an orphaned helper writes nothing."""
@@ -15,10 +15,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from eddyflow.state import _writer_main
-from eddyflow.state._writer_main import encode_request
-from eddyflow.state.storage import CheckpointStorage, FileHandle
-from eddyflow.state.writer import FileWrite, WriterProcess
+from eddyflow.checkpoint import writer_main
+from eddyflow.checkpoint.storage import CheckpointStorage, FileHandle
+from eddyflow.checkpoint.writer import FileWrite, WriterProcess
+from eddyflow.checkpoint.writer_main import encode_request
 
 
 async def _started() -> WriterProcess:
@@ -230,7 +230,7 @@ def test_an_orphaned_helper_writes_nothing(tmp_path: Path) -> None:
     request = encode_request({"id": 1, "op": "write", "path": str(tmp_path / "f")}, b"x")
     requests = io.BytesIO(request)
     answers = io.BytesIO()
-    _writer_main.serve(requests, answers, parent=os.getppid() + 1_000_000)
+    writer_main.serve(requests, answers, parent=os.getppid() + 1_000_000)
     assert not (tmp_path / "f").exists()
     assert answers.getvalue() == b""
 
@@ -240,7 +240,7 @@ def test_the_helper_answers_in_order_and_reports_unknown_operations(tmp_path: Pa
         encode_request({"id": 7, "op": "write", "path": str(tmp_path / "f")}, b"hello")
         + encode_request({"id": 8, "op": "frobnicate"}))
     answers = io.BytesIO()
-    _writer_main.serve(requests, answers, parent=0)
+    writer_main.serve(requests, answers, parent=0)
     first, second = (json.loads(line) for line in answers.getvalue().splitlines())
     assert first == {"id": 7, "ok": True, "size": 5,
                      "sha256": hashlib.sha256(b"hello").hexdigest()}
@@ -253,12 +253,12 @@ def test_an_orphaned_writer_process_exits_quietly(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-I", "-S", _writer_main.__file__],
+    proc = subprocess.Popen([sys.executable, "-I", "-S", writer_main.__file__],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdout.close()  # the job is gone
-    request = _writer_main.encode_request(
+    request = writer_main.encode_request(
         {"id": 1, "op": "write", "path": str(tmp_path / "f"), "size": 3}, b"abc")
     proc.stdin.write(request * 50)
     proc.stdin.close()
@@ -305,7 +305,7 @@ def test_the_helper_widens_its_request_pipe(tmp_path: Path) -> None:
         pytest.skip("no F_GETPIPE_SZ here")
     probe_r, probe_w = os.pipe()
     try:
-        fcntl.fcntl(probe_w, fcntl.F_SETPIPE_SZ, _writer_main.PIPE_SIZE)
+        fcntl.fcntl(probe_w, fcntl.F_SETPIPE_SZ, writer_main.PIPE_SIZE)
     except OSError:
         pytest.skip("this machine refuses pipes of that size")
     finally:
@@ -313,9 +313,9 @@ def test_the_helper_widens_its_request_pipe(tmp_path: Path) -> None:
         os.close(probe_w)
     r, w = os.pipe()
     try:
-        assert fcntl.fcntl(w, getsize) < _writer_main.PIPE_SIZE
-        _writer_main._widen_pipe(r)  # the reader's end: the helper's stdin
-        assert fcntl.fcntl(w, getsize) == _writer_main.PIPE_SIZE
+        assert fcntl.fcntl(w, getsize) < writer_main.PIPE_SIZE
+        writer_main._widen_pipe(r)  # the reader's end: the helper's stdin
+        assert fcntl.fcntl(w, getsize) == writer_main.PIPE_SIZE
     finally:
         os.close(r)
         os.close(w)
@@ -326,11 +326,11 @@ def test_a_failed_durable_write_or_seal_leaves_no_temporary(tmp_path: Path) -> N
     before the rename removes it and reports the error."""
     target = tmp_path / "taken"
     (target / "inside").mkdir(parents=True)  # a folder: nothing can be renamed over it
-    tmp = _writer_main.temp_name(str(target))
+    tmp = writer_main.temp_name(str(target))
     with open(tmp, "wb") as f:
         f.write(b"streamed")
     with pytest.raises(OSError):
-        _writer_main.seal_durably(tmp, str(target))
+        writer_main.seal_durably(tmp, str(target))
     with pytest.raises(OSError):
-        _writer_main.write_durably(str(target), [b"written"])
+        writer_main.write_durably(str(target), [b"written"])
     assert sorted(os.listdir(tmp_path)) == ["taken"]

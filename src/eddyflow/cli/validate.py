@@ -21,15 +21,15 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from eddyflow.cli.errors import CliError, debug_enabled
-from eddyflow.jobfile import JobFileError
-from eddyflow.offline.checkpoint import CheckpointRef, open_checkpoint
-from eddyflow.state.storage import (
+from eddyflow.checkpoint.storage import (
     CheckpointCorrupted,
     CheckpointStorage,
     checkpoint_dir_name,
     parse_checkpoint_dir,
 )
+from eddyflow.cli.errors import CliError, debug_enabled
+from eddyflow.jobfile import JobFileError
+from eddyflow.offline.checkpoint import CheckpointRef, open_checkpoint
 
 __all__ = ["validate_command"]
 

@@ -21,8 +21,8 @@ import os
 import secrets
 from typing import IO, Any
 
+from eddyflow.checkpoint.durable import fsync_dir
 from eddyflow.connectors.sink import Sink, SinkWriter
-from eddyflow.durable import fsync_dir
 
 __all__ = ["FileSink"]
 

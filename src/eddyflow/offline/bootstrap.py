@@ -28,7 +28,7 @@ How it is written:
   in ``shared/``, the small files in ``chk-<n>/<operator>-<subtask>/``). So
   the files are those a job's checkpoint holds, by the same code.
 * The driver writes ``_metadata`` last and atomically through the typed
-  model (``state/metadata.py``), with the size and SHA-256 of every file:
+  model (``checkpoint/metadata.py``), with the size and SHA-256 of every file:
   sources at their start, the other keyed operators empty, sinks with no
   pending transactions, and the rows given as ``bootstrap`` inputs.
 
@@ -59,6 +59,16 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from eddyflow.checkpoint.lock import FolderLock
+from eddyflow.checkpoint.metadata import (
+    BootstrapInput,
+    CheckpointGraph,
+    CheckpointMetadata,
+    OperatorState,
+    SubtaskState,
+)
+from eddyflow.checkpoint.storage import CheckpointStorage, FileHandle, checkpoint_dir_name
+from eddyflow.checkpoint.writer_main import write_durably
 from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.jobfile import build_environment
 from eddyflow.keygroups import (
@@ -69,22 +79,12 @@ from eddyflow.keygroups import (
 )
 from eddyflow.offline.errors import BootstrapError, spark_errors
 from eddyflow.offline.shipping import import_on_executor, ship_to_executors
-from eddyflow.runtime.operators import OperatorContext, SourceSpec
-from eddyflow.runtime.timers import TIMERS_STATE
-from eddyflow.runtime.windows import WINDOW_STATE
-from eddyflow.state._writer_main import write_durably
+from eddyflow.runtime.operators.base import OperatorContext, SourceSpec
+from eddyflow.runtime.operators.windows import WINDOW_STATE
+from eddyflow.runtime.time.timers import TIMERS_STATE
 from eddyflow.state.abc import KeyedStateHandle, SnapshotTarget, StateFile
 from eddyflow.state.format import CHUNK, Frames
-from eddyflow.state.lock import FolderLock
 from eddyflow.state.memory.backend import MemoryStateBackend
-from eddyflow.state.metadata import (
-    BootstrapInput,
-    CheckpointGraph,
-    CheckpointMetadata,
-    OperatorState,
-    SubtaskState,
-)
-from eddyflow.state.storage import CheckpointStorage, FileHandle, checkpoint_dir_name
 from eddyflow.state.ttl import has_ttl
 from eddyflow.values import SCALARS
 

@@ -51,6 +51,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from eddyflow.checkpoint.storage import CheckpointStorage, FileHandle
 from eddyflow.offline.checkpoint import (
     CheckpointRef,
     KeyedFile,
@@ -61,7 +62,6 @@ from eddyflow.offline.checkpoint import (
 from eddyflow.offline.shipping import ship_to_executors
 from eddyflow.state.abc import StateFile
 from eddyflow.state.format import DELETED
-from eddyflow.state.storage import CheckpointStorage, FileHandle
 from eddyflow.state.ttl import ABSENT, has_ttl, unwrap
 
 __all__ = ["ChangesPlan", "DeltaUnit", "DiffUnit", "plan_changes", "read_changes"]

@@ -15,19 +15,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from eddyflow.backedge.log import Logged, decode_backedge_log
-from eddyflow.offline.shipping import import_on_executor
-from eddyflow.runtime.channel_state import decode_channel_state
-from eddyflow.state.abc import KeyedStateHandle, StateFile
-from eddyflow.state.format import DELETED
-from eddyflow.state.metadata import CheckpointMetadata, read_checkpoint
-from eddyflow.state.storage import (
+from eddyflow.checkpoint.metadata import CheckpointMetadata, read_checkpoint
+from eddyflow.checkpoint.storage import (
     CheckpointCorrupted,
     CheckpointStorage,
     FileHandle,
     checkpoint_dir_name,
     parse_checkpoint_dir,
 )
+from eddyflow.offline.shipping import import_on_executor
+from eddyflow.runtime.checkpointing.backedge_log import Logged, decode_backedge_log
+from eddyflow.runtime.checkpointing.channel_state import decode_channel_state
+from eddyflow.state.abc import KeyedStateHandle, StateFile
+from eddyflow.state.format import DELETED
 
 __all__ = ["CheckpointRef", "KeyedFile", "keyed_files", "open_checkpoint", "read_keyed_file",
            "read_verified_backedge_log", "read_verified_channel_state"]

@@ -39,7 +39,7 @@ from eddyflow.graph.logical import Edge
 from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.keygroups import key_group_for
 from eddyflow.offline.localrdd import LocalContext, to_local, to_spark
-from eddyflow.runtime.operators import (
+from eddyflow.runtime.operators.base import (
     FilterSpec,
     FlatMapSpec,
     IterationHeadSpec,
@@ -52,8 +52,13 @@ from eddyflow.runtime.operators import (
     OperatorContext,
     SinkSpec,
 )
-from eddyflow.runtime.watermarks import AssignTimestampsSpec
-from eddyflow.runtime.windows import MainOutputSpec, SideOutputSpec, SideRecord, WindowSpec
+from eddyflow.runtime.operators.windows import (
+    MainOutputSpec,
+    SideOutputSpec,
+    SideRecord,
+    WindowSpec,
+)
+from eddyflow.runtime.time.watermarks import AssignTimestampsSpec
 from eddyflow.state.memory import MemoryStateBackend
 
 __all__ = ["MAX_ROUNDS", "Evaluation", "evaluate"]

@@ -42,6 +42,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from eddyflow.checkpoint.metadata import BootstrapInput
+from eddyflow.checkpoint.storage import CheckpointCorrupted, CheckpointStorage, checkpoint_dir_name
 from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.jobfile import build_environment
 from eddyflow.keygroups import key_group_range
@@ -57,11 +59,9 @@ from eddyflow.offline.readers import (
 )
 from eddyflow.offline.replay import replay_split
 from eddyflow.offline.shipping import ship_to_executors
-from eddyflow.runtime.operators import SourceSpec
-from eddyflow.runtime.valve import decode_watermark
+from eddyflow.runtime.operators.base import SourceSpec
+from eddyflow.runtime.time.valve import decode_watermark
 from eddyflow.state.abc import StateFile
-from eddyflow.state.metadata import BootstrapInput
-from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage, checkpoint_dir_name
 from eddyflow.state.ttl import base_kind, has_ttl, unwrap
 
 __all__ = ["ValidationReport", "validate"]

@@ -13,35 +13,35 @@ from typing import Any
 
 import anyio
 
-from eddyflow.backedge.feedback import FeedbackChannel
-from eddyflow.backedge.log import Logged
+from eddyflow.checkpoint import writer as writer_process
 from eddyflow.errors import JobFailed, RestoreFailed
 from eddyflow.graph.logical import Partitioning
 from eddyflow.graph.plan import ExchangeSpec, ExecutionPlan
 from eddyflow.result import JobResult, merge_state
-from eddyflow.runtime.channel import Channel, InputGate
-from eddyflow.runtime.channel_state import channel_key, split_channel_key
-from eddyflow.runtime.clock import WALL_CLOCK, Clock
-from eddyflow.runtime.coordinator import CheckpointConfig, CheckpointCoordinator
-from eddyflow.runtime.debloat import Debloater, InFlightBounds
-from eddyflow.runtime.events import RecordBatch
-from eddyflow.runtime.loops import LoopTracker
-from eddyflow.runtime.operators import Operator, OperatorContext, SinkSpec, SourceSpec
-from eddyflow.runtime.restore import RestoredCheckpoint
-from eddyflow.runtime.task import Task, TaskFailure
-from eddyflow.runtime.writers import (
+from eddyflow.runtime.checkpointing.backedge_log import Logged
+from eddyflow.runtime.checkpointing.channel_state import channel_key, split_channel_key
+from eddyflow.runtime.checkpointing.coordinator import CheckpointConfig, CheckpointCoordinator
+from eddyflow.runtime.exchange.channel import Channel, InputGate
+from eddyflow.runtime.exchange.debloat import Debloater, InFlightBounds
+from eddyflow.runtime.exchange.events import RecordBatch
+from eddyflow.runtime.exchange.feedback import FeedbackChannel
+from eddyflow.runtime.exchange.loops import LoopTracker
+from eddyflow.runtime.exchange.writers import (
     BroadcastWriter,
     ForwardWriter,
     KeyGroupWriter,
     RebalanceWriter,
     RecordWriter,
 )
-from eddyflow.state import writer as writer_process
+from eddyflow.runtime.operators.base import Operator, OperatorContext, SinkSpec, SourceSpec
+from eddyflow.runtime.recovery.restore import RestoredCheckpoint
+from eddyflow.runtime.task import Task, TaskFailure
+from eddyflow.runtime.time.clock import WALL_CLOCK, Clock
 from eddyflow.state.abc import StateBackend
 
 __all__ = ["JobRunner", "RuntimeConfig"]
 
-log = logging.getLogger("eddyflow.checkpoints")
+log = logging.getLogger("eddyflow.checkpoint.listing")
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class RuntimeConfig:
     #: Seconds between a generator's watermarks while busy (0: every batch).
     auto_watermark_interval: float = 0.2
     #: Seconds of records a channel may queue, by its consumer's measured
-    #: rate (``runtime/debloat.py``); ``None``: bounded by count alone.
+    #: rate (``runtime/exchange/debloat.py``); ``None``: bounded by count alone.
     buffer_debloat_target: float | None = 1.0
 
 
@@ -396,7 +396,7 @@ class JobRunner:
 
     async def _start_writer(self) -> writer_process.WriterProcess | None:
         """The helper process of this run's checkpoint writes, if any (see
-        :mod:`eddyflow.state.writer`); without one they are done in-process."""
+        :mod:`eddyflow.checkpoint.writer`); without one they are done in-process."""
         storage = self.coordinator.storage
         if storage is None or not writer_process.ENABLED:
             return None

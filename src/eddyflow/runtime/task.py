@@ -21,11 +21,11 @@ after ``aligned_timeout``): barriers travel as priority items, the task
 snapshots at the first barrier ``n`` and forwards it ahead of its own
 records in flight (``RecordWriter.overtake``); what was overtaken, and what
 arrives on its other inputs until their barrier ``n`` does, is channel state
-(``runtime/channel_state.py``, the same log a loop head keeps of its
+(``runtime/checkpointing/channel_state.py``, the same log a loop head keeps of its
 back-edges). A task waiting for channel space takes part through its
-:class:`~eddyflow.runtime.channel.Interrupt`.
+:class:`~eddyflow.runtime.exchange.channel.Interrupt`.
 
-Event time (``runtime/valve.py``, mixed in as :class:`EventTime`): records
+Event time (``runtime/time/valve.py``, mixed in as :class:`EventTime`): records
 carry timestamps beside the batch; ``Watermark`` and ``WatermarkStatus``
 events come in band, the valve takes the minimum over the inputs, and each
 advance runs ``on_watermark`` down the chain before it is forwarded; a
@@ -51,11 +51,11 @@ import anyio
 
 from eddyflow.connectors.source import SourceReader
 from eddyflow.errors import StateSerializationError
-from eddyflow.runtime.barriers import BarrierHandler, CheckpointMode
-from eddyflow.runtime.channel import InputGate, Interrupt
-from eddyflow.runtime.clock import Clock
-from eddyflow.runtime.debloat import Debloater
-from eddyflow.runtime.events import (
+from eddyflow.runtime.checkpointing.barriers import BarrierHandler, CheckpointMode
+from eddyflow.runtime.checkpointing.snapshotting import Snapshotting
+from eddyflow.runtime.exchange.channel import InputGate, Interrupt
+from eddyflow.runtime.exchange.debloat import Debloater
+from eddyflow.runtime.exchange.events import (
     END_OF_INPUT,
     Barrier,
     EndOfInput,
@@ -64,16 +64,16 @@ from eddyflow.runtime.events import (
     Watermark,
     WatermarkStatus,
 )
-from eddyflow.runtime.loops import LoopTracker
-from eddyflow.runtime.operators import Operator
-from eddyflow.runtime.snapshotting import Snapshotting
-from eddyflow.runtime.valve import EventTime, WatermarkValve
-from eddyflow.runtime.writers import KeyRoutingError, RecordWriter
+from eddyflow.runtime.exchange.loops import LoopTracker
+from eddyflow.runtime.exchange.writers import KeyRoutingError, RecordWriter
+from eddyflow.runtime.operators.base import Operator
+from eddyflow.runtime.time.clock import Clock
+from eddyflow.runtime.time.valve import EventTime, WatermarkValve
 from eddyflow.values import immutable, independent_copy
 
 if TYPE_CHECKING:
-    from eddyflow.runtime.coordinator import CheckpointCoordinator
-    from eddyflow.runtime.restore import RestoredCheckpoint
+    from eddyflow.runtime.checkpointing.coordinator import CheckpointCoordinator
+    from eddyflow.runtime.recovery.restore import RestoredCheckpoint
 
 Spawn = Callable[[Callable[[], Awaitable[None]]], None]
 

@@ -25,12 +25,11 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, M
 from dataclasses import dataclass, field
 from typing import Any
 
+from eddyflow.checkpoint.storage import CheckpointStorage, FileHandle
 from eddyflow.keygroups import key_group_for
 from eddyflow.state.format import apply_entries, read_state_file
-from eddyflow.state.storage import CheckpointStorage, FileHandle
 from eddyflow.state.ttl import ABSENT as _ABSENT
-from eddyflow.state.ttl import ExpiryIndex, VisibleView, has_ttl, visible
-from eddyflow.windowing.ttl import StateTtl
+from eddyflow.state.ttl import ExpiryIndex, StateTtl, VisibleView, has_ttl, visible
 
 __all__ = [
     "Changes",

@@ -28,8 +28,8 @@ import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any, BinaryIO
 
+from eddyflow.checkpoint.storage import CheckpointCorrupted
 from eddyflow.keygroups import key_groups_of
-from eddyflow.state.storage import CheckpointCorrupted
 from eddyflow.values import SCALARS
 
 __all__ = ["CHUNK", "DELETED", "FrameIndex", "Frames", "apply_entries", "decode_frame",

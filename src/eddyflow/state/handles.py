@@ -30,9 +30,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar, cast
 
 from eddyflow.state.abc import Changes, KeyedStateBackend
-from eddyflow.state.ttl import ExpiryIndex, ttl_kind
+from eddyflow.state.ttl import ExpiryIndex, StateTtl, ttl_kind
 from eddyflow.values import SCALARS
-from eddyflow.windowing.ttl import StateTtl
 
 __all__ = ["ListState", "MapState", "ReducingState", "TtlListState", "TtlMapState",
            "TtlReducingState", "TtlValueState", "ValueState"]

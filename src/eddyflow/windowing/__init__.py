@@ -1,6 +1,6 @@
 """Event-time windowing, the runtime-independent half: watermark strategies,
 window assigners, session merging, window-function adapters, the window
-lifecycle rules and state TTL. Pure Python with no runtime imports: the
+lifecycle rules. Pure Python with no runtime imports: the
 window operator in ``eddyflow.runtime`` adapts these to keyed state and
 timers, and the tests check them against a plain-Python reference.
 
@@ -33,7 +33,6 @@ from eddyflow.windowing.lifecycle import (
     timers_to_register,
 )
 from eddyflow.windowing.merging import MergeResult, add_window, merge_windows
-from eddyflow.windowing.ttl import StateTtl
 from eddyflow.windowing.watermarks import (
     BoundedOutOfOrdernessGenerator,
     WatermarkStrategy,
@@ -62,7 +61,6 @@ __all__ = [
     "ProcessWindowFunction",
     "ReduceAdapter",
     "SlidingEventTimeWindows",
-    "StateTtl",
     "SumAdapter",
     "TimeWindow",
     "TimerAction",

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from eddyflow.windowing._checks import non_negative
+from eddyflow.checks import non_negative
 from eddyflow.windowing.windows import TimeWindow
 
 __all__ = [

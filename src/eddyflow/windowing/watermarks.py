@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from eddyflow.windowing._checks import non_negative, positive
+from eddyflow.checks import non_negative, positive
 
 __all__ = ["BoundedOutOfOrdernessGenerator", "WatermarkStrategy", "is_late"]
 

@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from eddyflow.windowing._checks import finite, positive
+from eddyflow.checks import finite, positive
 
 __all__ = [
     "EventTimeSessionWindows",

@@ -38,6 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from eddyflow.checkpoint.storage import CheckpointStorage, FileHandle
 from eddyflow.state import forked
 from eddyflow.state.abc import (
     Changes,
@@ -50,7 +51,6 @@ from eddyflow.state.abc import (
 )
 from eddyflow.state.format import encode_chunks
 from eddyflow.state.serialization import state_error
-from eddyflow.state.storage import CheckpointStorage, FileHandle
 from eddyflow.values import SCALARS
 
 if TYPE_CHECKING:
@@ -361,7 +361,7 @@ def _encode_to_file(storage: CheckpointStorage, rel: str, tables: dict[str, dict
                     key_sets: list[dict[str, Written]], full: bool, max_parallelism: int,
                     operator: str, checkpoint: int) -> _Streamed | None:
     """:func:`_encode` into a new temporary file next to ``rel``, for
-    :meth:`~eddyflow.state.storage.CheckpointStorage.seal`; ``None`` (and no
+    :meth:`~eddyflow.checkpoint.storage.CheckpointStorage.seal`; ``None`` (and no
     file) when there is nothing to write."""
     tmp, out = storage.open_temp(rel)
     try:

@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from eddyflow.durable import fsync_dir
+from eddyflow.checkpoint.durable import fsync_dir
+from eddyflow.checkpoint.storage import FileHandle, checkpoint_dir_name
 from eddyflow.state.abc import KeyedSnapshot, KeyedStateHandle, SnapshotTarget
 from eddyflow.state.rocksdb.files import copy_verified, hash_file
-from eddyflow.state.storage import FileHandle, checkpoint_dir_name
 
 if TYPE_CHECKING:
     from eddyflow.state.rocksdb.backend import RocksDBKeyedStateBackend

@@ -1,0 +1,1 @@
+"""The operators a task chains: stateless and keyed ones, windows."""

@@ -1,0 +1,2 @@
+"""Time inside a task: clocks, the watermark valve, watermark generation and
+timers."""
