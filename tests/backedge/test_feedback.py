@@ -98,7 +98,7 @@ def test_everything_after_the_first_spill_goes_to_disk_until_drained() -> None:
         await ch.put(batch(0, 5))  # at the bound now
         await ch.put(batch(5, 1))  # spilled
         assert ch.spilled_batches == 1
-        ch._pop()  # memory empties: the spilled batch comes back
+        ch.pop()  # memory empties: the spilled batch comes back
         assert ch.records == 1 and len(ch) == 1
         # Disk is drained again: a small batch fits in memory.
         await ch.put(batch(6, 1))
@@ -110,7 +110,7 @@ def test_everything_after_the_first_spill_goes_to_disk_until_drained() -> None:
         # An event behind a spilled batch must wait behind it, so it spills too.
         await ch.put(Barrier(3, 1.0))
         assert ch.spilled_batches == 3
-        order = [ch._pop() for _ in range(len(ch))]
+        order = [ch.pop() for _ in range(len(ch))]
         assert [type(x).__name__ for x in order] == [
             "RecordBatch", "RecordBatch", "RecordBatch", "RecordBatch", "Barrier"]
         assert [x[0][0] for x in order[:4]] == [5, 6, 7, 17]
@@ -132,7 +132,7 @@ def test_events_keep_their_place_among_spilled_batches() -> None:
         for x in items:
             await ch.put(x)
         assert ch.spilled_batches > 0
-        got = [ch._pop() for _ in range(len(ch))]
+        got = [ch.pop() for _ in range(len(ch))]
         assert all(same(a, b) for a, b in zip(got, items, strict=True))
         assert type(got[-1]) is EndOfInput
         barriers = [x for x in got if type(x) is Barrier]
@@ -151,7 +151,7 @@ def test_span_is_kept_and_none_span_stays_none() -> None:
         for x in (a, b, c):
             await ch.put(x)
         assert ch.spilled_batches == 2
-        got = [ch._pop() for _ in range(3)]
+        got = [ch.pop() for _ in range(3)]
         assert [g.span for g in got] == [(("s", 0, 2), ("t", "x", "y")), None, (("s", 2, 5),)]
         assert [list(g) for g in got] == [[1, 2], [3], [4, 5, 6]]
         assert all(type(g) is RecordBatch for g in got)
@@ -167,7 +167,7 @@ def test_disk_file_starts_over_once_drained() -> None:
             for i in range(30):
                 await ch.put(batch(round_ * 100 + i, 3))
             while len(ch):
-                ch._pop()
+                ch.pop()
             assert ch._disk is not None
             assert os.fstat(ch._disk.fileno()).st_size == 0, "the spill file grows forever"
         assert ch.spilled_batches == 5 * 29

@@ -117,7 +117,7 @@ class Head:
     def body_items(self) -> list[Any]:
         out = []
         while len(self.body):
-            out.append(self.body._pop())
+            out.append(self.body.pop())
         return out
 
 

@@ -277,7 +277,7 @@ class Task(EventTime, Snapshotting):
         if wake is not None and not wake.done():
             wake.set_result(None)
         if self.gate is not None:
-            self.gate._wake()
+            self.gate.wake()
 
     # -- failure reports ---------------------------------------------------
 
@@ -525,7 +525,7 @@ class Task(EventTime, Snapshotting):
         if wake is not None and not wake.done():
             wake.set_result(None)
         if self.gate is not None:
-            self.gate._wake()
+            self.gate.wake()
         if self.interrupt is not None and barrier.unaligned:
             self.interrupt.request()  # held up by back-pressure: inject at once
         return True

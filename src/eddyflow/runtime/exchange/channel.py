@@ -64,6 +64,8 @@ class Interrupt:
         self._future: asyncio.Future[None] | None = None
 
     def request(self) -> None:
+        """Have the handler run: now if the task waits for space, else at
+        the task's next look between batches."""
         self.requested = True
         f = self._future
         if f is not None and not f.done():
@@ -77,9 +79,10 @@ class Interrupt:
         own: waiting on two futures (``asyncio.wait``) costs the waiter two
         more turns of the event loop to wake, and behind a stage that blocks
         the loop for a batch at a time each turn is long (the deep pipeline
-        of benchmarks/backpressure.py: a priority barrier waited there for
-        ~0.3 s per back-pressured task). The put's loop checks the capacity
-        again, so a wake-up without space only waits anew."""
+        of benchmarks/backpressure.py, ``--shape deep``, measures how long a
+        priority barrier waits per back-pressured task). The put's loop
+        checks the capacity again, so a wake-up without space only waits
+        anew."""
         if self.requested and self.enabled:
             await self._handle(channel)
             return
@@ -94,12 +97,15 @@ class Interrupt:
     async def _handle(self, channel: Channel) -> None:
         """Run the handler while requests keep coming (each may take part in
         another checkpoint), unless the item being put was delivered."""
-        while self.requested and self.enabled and not channel._delivered:
+        while self.requested and self.enabled and not channel.delivered:
             self.requested = False
             await self.handler()
 
 
 class Channel:
+    """A bounded FIFO of batches and events from one producer subtask to one
+    consumer subtask (see the module docstring)."""
+
     __slots__ = ("_delivered", "_gate", "_items", "_pending", "_priority", "_records",
                  "_space_waiters", "capacity", "index", "key", "name")
 
@@ -128,7 +134,39 @@ class Channel:
         """Records queued (an event counts as one)."""
         return self._records
 
+    @property
+    def has_items(self) -> bool:
+        """Whether a batch or an event is queued."""
+        return bool(self._items)
+
+    @property
+    def has_priority(self) -> bool:
+        """Whether a priority item (an unaligned barrier) heads the queue."""
+        return self._priority > 0
+
+    @property
+    def delivered(self) -> bool:
+        """Whether the item a waiting put holds went in over capacity, or was
+        dropped, meanwhile (:meth:`deliver_pending`, :meth:`drop_pending`):
+        that put is done."""
+        return self._delivered
+
+    def is_putting(self, item: Any) -> bool:
+        """Whether a put waiting for space is putting ``item``."""
+        return self._pending is item
+
+    def attach(self, gate: InputGate, index: int) -> None:
+        """Feed ``gate`` as its input ``index``: the gate is woken when an
+        item arrives. A channel feeds one gate only."""
+        if self._gate is not None:
+            raise ValueError(f"channel {self.name} already feeds a gate")
+        self._gate = gate
+        self.index = index
+
     async def put(self, item: Any, interrupt: Interrupt | None = None) -> None:
+        """Queue ``item``, waiting while the channel holds its capacity's worth
+        of records. ``interrupt``: the producing task's, which may run a
+        checkpoint's hand-off while the put waits (see :class:`Interrupt`)."""
         cap = self.capacity
         if cap is not None:
             while self._records >= cap:
@@ -169,7 +207,7 @@ class Channel:
         self._records += len(item) if type(item) is RecordBatch else 1
         gate = self._gate
         if gate is not None:
-            gate._wake()
+            gate.wake()
 
     def deliver_pending(self) -> None:
         """The item a put is waiting to queue goes in now, over capacity;
@@ -199,7 +237,7 @@ class Channel:
         self._records += 1
         gate = self._gate
         if gate is not None:
-            gate._priority_arrived()
+            gate.priority_arrived()
         return overtaken
 
     def find(self, match: Callable[[Any], bool]) -> Any:
@@ -233,7 +271,8 @@ class Channel:
                 w.set_result(None)
                 break
 
-    def _pop(self) -> Any:
+    def pop(self) -> Any:
+        """Take the item at the head of the queue (the gate's read)."""
         item = self._items.popleft()
         if self._priority:
             self._priority -= 1
@@ -256,19 +295,20 @@ class InputGate:
         #: The reading task's, told when a priority item arrives.
         self.interrupt: Interrupt | None = None
         for i, ch in enumerate(channels):
-            if ch._gate is not None:
-                raise ValueError(f"channel {ch.name} already feeds a gate")
-            ch._gate = self
-            ch.index = i
+            ch.attach(self, i)
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
+        """Wake the task waiting on this gate, if one is: an item arrived, an
+        input was unblocked, or a loop it ends may be empty now."""
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)
 
-    def _priority_arrived(self) -> None:
+    def priority_arrived(self) -> None:
+        """A channel of the gate queued a priority item: it is read first,
+        and the reading task is interrupted if it waits for output space."""
         self._priorities += 1
-        self._wake()
+        self.wake()
         if self.interrupt is not None:
             self.interrupt.request()
 
@@ -277,9 +317,9 @@ class InputGate:
         if not self._priorities:
             return None
         for i, ch in enumerate(self.channels):
-            if ch._priority:
+            if ch.has_priority:
                 self._priorities -= 1
-                return i, ch._pop()
+                return i, ch.pop()
         raise AssertionError("a priority item was counted but none is queued")
 
     def poll(self) -> tuple[int, Any] | None:
@@ -295,14 +335,15 @@ class InputGate:
             if i >= n:
                 i -= n
             ch = chans[i]
-            if ch._items and not self.blocked[i]:
+            if ch.has_items and not self.blocked[i]:
                 # Move on after each item: one busy channel must not starve
                 # the others (it would also stall barrier alignment).
                 self._next = i + 1 if i + 1 < n else 0
-                return i, ch._pop()
+                return i, ch.pop()
         return None
 
     async def get(self) -> tuple[int, Any]:
+        """The next item as :meth:`poll` gives it, waiting for one."""
         while True:
             got = self.poll()
             if got is not None:
@@ -325,25 +366,30 @@ class InputGate:
             self._waiter = None
 
     def poll_ready(self) -> bool:
+        """Whether :meth:`poll` would return an item."""
         if self._priorities:
             return True
-        return any(ch._items and not self.blocked[i] for i, ch in enumerate(self.channels))
+        return any(ch.has_items and not self.blocked[i] for i, ch in enumerate(self.channels))
 
     def backlog(self) -> int:
         """Records (an event counts as one) queued on the unblocked channels."""
         blocked = self.blocked
-        return sum(ch._records for i, ch in enumerate(self.channels) if not blocked[i])
+        return sum(ch.records for i, ch in enumerate(self.channels) if not blocked[i])
 
     def block(self, index: int) -> None:
+        """Stop reading channel ``index`` (barrier alignment) but for its
+        priority items."""
         self.blocked[index] = True
 
     def unblock(self, index: int) -> None:
+        """Read channel ``index`` again."""
         self.blocked[index] = False
-        self._wake()
+        self.wake()
 
     def unblock_all(self) -> None:
+        """Read every channel again."""
         self.blocked = [False] * len(self.channels)
-        self._wake()
+        self.wake()
 
     def queued(self) -> int:
         """Batches and events waiting in all channels (for metrics and tests)."""

@@ -77,10 +77,12 @@ class InFlightBounds:
 
     @property
     def max_capacity(self) -> int:
+        """The configured channel capacity, in records."""
         return self.batches * self.batch_size
 
     @property
     def initial_batch(self) -> int:
+        """The batch before anything is measured (see the module docstring)."""
         return min(self.batch_size, max(16, self.batch_size // 64))
 
     def initial(self) -> Sizes:
@@ -134,6 +136,7 @@ class Ewma:
         self.value = 0.0
 
     def add(self, sample: float) -> float:
+        """Take ``sample`` into the average; returns the new average."""
         self.samples = n = self.samples + 1
         v = self.value
         v += max(self.weight, 1 / n) * (sample - v)

@@ -40,6 +40,9 @@ Span = tuple[tuple[str, Any, Any], ...]
 
 
 class RecordBatch(list[Any]):
+    """Records that travel together, with their span (where they were
+    read) and their timestamps (``None``: the stream has no event time)."""
+
     __slots__ = ("span", "timestamps")
 
     def __init__(self, records: Any = (), span: Span | None = None,

@@ -51,7 +51,7 @@ class FeedbackChannel(Channel):
             self._spill(item)
             gate = self._gate
             if gate is not None:
-                gate._wake()
+                gate.wake()
             return
         super().append(item)
 
@@ -104,13 +104,14 @@ class FeedbackChannel(Channel):
     def __len__(self) -> int:
         return len(self._items) + self._disk_items
 
-    def _pop(self) -> Any:
-        item = super()._pop()
+    def pop(self) -> Any:
+        item = super().pop()
         if not self._items and self._disk_items:
             self._unspill()
         return item
 
     def close(self) -> None:
+        """Close (and so delete) the spill file, if there is one."""
         if self._disk is not None:
             self._disk.close()
             self._disk = None

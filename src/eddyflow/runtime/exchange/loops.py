@@ -23,6 +23,9 @@ __all__ = ["LoopTracker"]
 
 
 class LoopTracker:
+    """The records in flight inside one loop, and the gates of the tasks
+    that end when it is empty (see the module docstring)."""
+
     __slots__ = ("heads", "in_flight", "index", "open_entries")
 
     def __init__(self, index: int) -> None:
@@ -33,18 +36,22 @@ class LoopTracker:
 
     @property
     def empty(self) -> bool:
+        """No record is in the loop and no channel into it is open."""
         return self.open_entries == 0 and self.in_flight == 0
 
     def _wake_heads(self) -> None:
         for gate in self.heads:
-            gate._wake()  # a head blocked on its gate re-checks for the end
+            gate.wake()  # a head blocked on its gate re-checks for the end
 
     def consumed(self, n: int) -> None:
+        """A task processed ``n`` of the loop's records and buffered their
+        outputs."""
         self.in_flight -= n
         if self.in_flight == 0 and self.open_entries == 0:
             self._wake_heads()
 
     def entry_ended(self) -> None:
+        """A channel into the loop from outside it ended."""
         self.open_entries -= 1
         if self.empty:
             self._wake_heads()

@@ -51,6 +51,9 @@ class KeyRoutingError(Exception):
 
 
 class RecordWriter:
+    """The output side of one outgoing edge of a task: partitions records
+    over the edge's channels into buffers (see the module docstring)."""
+
     def __init__(self, channels: list[Channel], batch_size: int, label: str) -> None:
         self.channels = channels
         self.batch_size = batch_size
@@ -75,6 +78,8 @@ class RecordWriter:
 
     def add(self, records: list[Any], span: Span | None,
             timestamps: list[Any] | None = None) -> bool:
+        """Buffer a batch's ``records`` (read from ``span``, with their
+        ``timestamps`` or ``None``); whether a buffer is now full."""
         raise NotImplementedError
 
     async def _send(self, i: int, buf: RecordBatch) -> None:
@@ -144,6 +149,7 @@ class RecordWriter:
         self.full = False
 
     async def flush(self) -> None:
+        """Send every buffer that holds records."""
         for i, buf in enumerate(self.buffers):
             if buf:
                 self.buffers[i] = RecordBatch()
@@ -176,7 +182,7 @@ class RecordWriter:
         for i, ch in enumerate(self.channels):
             if emitting and i in self._reached:
                 continue
-            if emitting and ch._pending is replacing:
+            if emitting and ch.is_putting(replacing):
                 ch.drop_pending()  # the aligned barrier: this one overtakes instead
             else:
                 ch.deliver_pending()
@@ -243,6 +249,8 @@ class RebalanceWriter(RecordWriter):
 
 
 class BroadcastWriter(RecordWriter):
+    """Every record to every channel."""
+
     def __init__(self, channels: list[Channel], batch_size: int, label: str) -> None:
         super().__init__(channels, batch_size, label)
         self.copies = len(channels)
