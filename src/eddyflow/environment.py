@@ -178,6 +178,12 @@ class StreamEnvironment:
         #: Where ``expose_metrics`` serves, while the job runs: (host, port).
         self.metrics_address: tuple[str, int] | None = None
 
+    @property
+    def graph(self) -> LogicalGraph:
+        """The logical graph of the job declared so far: the DataStream API
+        adds an operator to it per transformation."""
+        return self._graph
+
     # -- configuration -------------------------------------------------------
 
     def set_state_backend(self, backend: StateBackend) -> StreamEnvironment:
