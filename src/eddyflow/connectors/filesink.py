@@ -28,6 +28,9 @@ __all__ = ["FileSink"]
 
 
 class FileSink(Sink):
+    """Exactly-once JSON Lines files in the folder ``path`` (see the module
+    docstring)."""
+
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
 
