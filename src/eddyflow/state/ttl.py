@@ -333,7 +333,7 @@ class ExpiryIndex:
             return stored[0], 0
         del m[mk]
         if not m:
-            del self._table[key]
+            self._table.pop(key, None)
         self._record(key)
         return None, 1
 
@@ -359,6 +359,6 @@ class ExpiryIndex:
                 if kept:
                     self._table[key] = kept
                 else:
-                    del self._table[key]
+                    self._table.pop(key, None)
                 self._record(key)
         return _earliest(kept), removed

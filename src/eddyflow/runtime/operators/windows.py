@@ -517,7 +517,7 @@ class _WindowOperator(_Keyed):
                     if end == t:
                         emit(key, w, m[w], out, stamps, mark)
                     if end + lateness <= t:
-                        del table[key]
+                        table.pop(key, None)
                         mark(key)
                     continue
                 for w in sorted(m, key=_by_end):
@@ -528,7 +528,7 @@ class _WindowOperator(_Keyed):
                         del m[w]
                         mark(key)
                 if not m:
-                    del table[key]
+                    table.pop(key, None)
         finally:
             if seen and self.changes.keys is not None:
                 self.changes.add_batch(seen)

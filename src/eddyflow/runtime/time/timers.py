@@ -163,7 +163,7 @@ class TimerService:
         entries = table.get(key)
         if entries is not None and entries.pop((domain, t), _MISSING) is not _MISSING:
             if not entries:
-                del table[key]
+                table.pop(key, None)
             assert self._changes is not None
             written = self._changes.keys
             if written is not None:

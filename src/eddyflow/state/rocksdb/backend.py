@@ -690,7 +690,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                 else:
                     table.replace(key, value)
             elif value is DELETED:
-                del table[key]
+                table.pop(key, None)
             else:
                 table[key] = value
             n += 1
