@@ -530,3 +530,22 @@ def test_values_are_serialized_as_the_serializer_does_repeats_or_not(values: lis
     dumps = PickleSerializer().dumps
     for vs in (values, [v for v in values if type(v) in (int, str)] * 5):
         assert dump_all(vs, dumps) == list(map(dumps, vs))
+
+
+def test_local_folders_of_finished_processes_go_and_live_ones_stay(tmp_path: Path) -> None:
+    """A new backend removes the local folders whose lock nobody holds (a
+    killed process's), never one whose instance lives."""
+    local = tmp_path / "rocks"
+    live = ef.RocksDBStateBackend(local).create_keyed_backend("op", 0, range(0, 128), 128)
+    dead = local / "op-1-deadbeef"
+    dead.mkdir()
+    (local / "op-1-deadbeef.lock").write_text("")
+    old = os.stat(local).st_mtime - 3600  # older than a lock being set up
+    for lock in local.glob("*.lock"):
+        os.utime(lock, (old, old))
+    other = ef.RocksDBStateBackend(local).create_keyed_backend("op", 2, range(0, 128), 128)
+    names = set(os.listdir(local))
+    assert "op-1-deadbeef" not in names and "op-1-deadbeef.lock" not in names
+    assert len([n for n in names if n.startswith("op-0-")]) == 2  # folder and lock
+    live.close()
+    other.close()
