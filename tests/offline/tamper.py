@@ -42,7 +42,7 @@ def rewrite_state(chk: str, operator: str,
         part = meta["operators"][operator]["subtasks"][str(kf.subtask)]["keyed"]
         part.update(files=[{**handle, "index": {k: list(v) for k, v in index.items()},
                             "full": True}], entries=len(entries))
-        old = {f.handle.path for f in kf.files}
+        old = {f.path for f in kf.handle.file_handles()}
         meta["files"] = [f for f in meta["files"] if f["path"] not in old] + [handle]
     meta["checksum"] = _checksum_of(meta)
     with open(os.path.join(ref.path, METADATA), "w") as f:
@@ -74,7 +74,7 @@ def garble_state_file(chk: str, operator: str) -> str:
     ref = open_checkpoint(chk)
     meta = CheckpointStorage(ref.root).read_metadata(ref.id)
     kf = keyed_files(ref, operator)[0]
-    rel = kf.files[0].handle.path
+    rel = kf.handle.file_handles()[0].path
     path = os.path.join(ref.root, rel)
     with open(path, "rb") as f:
         data = bytearray(f.read())

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from conftest import EXAMPLES, env_for
+from job_support import BACKENDS
 from tamper import change_one_drop_one, rewrite_state
 
 import eddyflow as ef
@@ -84,7 +85,7 @@ def restored_run(job: Path, restore: str, parallelism: int,
     return env.execute(job.stem, restore=restore)
 
 
-@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_round_trip_through_the_word_count(spark: Any, corpus: dict[str, Any],
                                            wordcount_env: Path, backend: str) -> None:
     tmp = wordcount_env

@@ -2,7 +2,8 @@
 paces it (so several checkpoints fall between the records of a small
 input), a watchdog that fails the test when a job hangs, and the state
 backends the exactly-once suites run against (``StateBackendFactory``; the
-``state_backend`` fixture of ``conftest.py`` is parametrised over them)."""
+``backend_name`` and ``state_backend`` fixtures of ``tests/conftest.py`` are
+parametrised over them)."""
 
 from __future__ import annotations
 
@@ -56,9 +57,9 @@ def mode_options(mode: str) -> dict[str, Any]:
 
 # -- the state backends the exactly-once suites run against ---------------------------
 
-#: Names of the backends: the ``state_backend`` fixture (``conftest.py``) is
-#: parametrised over these, and the SIGKILL job files read one from
-#: ``EF_SIGKILL_BACKEND``.
+#: Names of the backends, the one list of them: the ``backend_name`` fixture
+#: (``tests/conftest.py``) and the modules that parametrize over backends use
+#: it, and the SIGKILL job files read one from ``EF_SIGKILL_BACKEND``.
 BACKENDS = ("memory", "rocksdb")
 #: Entries each RocksDB state caches in the suites' runs (unless a test
 #: says otherwise): fewer than their jobs' keys, so the write cache is

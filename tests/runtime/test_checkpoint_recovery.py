@@ -803,10 +803,6 @@ def test_checkpoint_timeout_while_state_files_are_written_does_not_fail_the_job(
     assert result.state("count") == FINAL_COUNTS
 
 
-@pytest.mark.parametrize("state_backend", [
-    "memory",
-    "rocksdb",
-], indirect=True)
 def test_checkpoint_aborted_while_its_folders_are_made_does_not_fail_the_job(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         state_backend: StateBackendFactory) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 import eddyflow as ef
+from eddyflow.checkpoint.handles import KeyedStateHandle
 from eddyflow.checkpoint.metadata import (
     BackEdgeLog,
     CheckpointMetadata,
@@ -40,8 +41,8 @@ from eddyflow.checkpoint.storage import (
 )
 from eddyflow.offline.checkpoint import keyed_files, open_checkpoint, read_keyed_file
 from eddyflow.runtime.recovery.restore import RestoredCheckpoint
-from eddyflow.state.abc import KeyedStateHandle
 from eddyflow.state.format import encode_frames
+from eddyflow.state.registry import kind_of
 
 N = 1500
 KEYS = 12
@@ -224,7 +225,7 @@ def to_format_1(directory: Path, n: int) -> None:
         meta["operators"]["count"]["subtasks"][str(kf.subtask)]["keyed"] = {
             "file": handle, "index": {k: list(v) for k, v in index.items()},
             "kinds": dict(kf.kinds), "entries": len(entries)}
-        old = {f.handle.path for f in kf.files}
+        old = {f.path for f in kf.handle.file_handles()}
         meta["files"] = [f for f in meta["files"] if f["path"] not in old] + [handle]
     meta["checksum"] = _checksum_of(meta)
     Path(directory, checkpoint_dir_name(n), METADATA).write_text(json.dumps(meta))
@@ -280,7 +281,7 @@ def test_keyed_handles_are_those_overlapping_the_key_groups(checkpoints: Path) -
     assert restored.keyed_handles("no-such-operator", range(0, mp)) == []
     assert restored.keyed_kinds("count") == {"count": "value"}
     entries = [e for h in restored.keyed_handles("count", range(0, mp))
-               for e in h.read(str(checkpoints), max_parallelism=mp)]
+               for e in kind_of(h).read(str(checkpoints), h, max_parallelism=mp)]
     assert {k: v for _, _, k, v in entries} == FINAL_COUNTS
 
 

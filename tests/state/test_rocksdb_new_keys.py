@@ -16,8 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import eddyflow as ef
+from eddyflow.checkpoint.handles import KeyedStateHandle
 from eddyflow.checkpoint.storage import CheckpointStorage
-from eddyflow.state.abc import KeyedStateBackend, KeyedStateHandle, SnapshotTarget
+from eddyflow.state.abc import KeyedStateBackend, SnapshotTarget
 from eddyflow.state.handles import ValueState
 from eddyflow.state.rocksdb.backend import RocksDBKeyedStateBackend
 from eddyflow.state.rocksdb.filter import KeyFilter

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from job_support import BACKENDS
 
 import eddyflow as ef
 from eddyflow.checkpoint.storage import CheckpointStorage
@@ -67,7 +68,7 @@ def _local() -> Any:
     return Local()
 
 
-@pytest.mark.parametrize("kind", ["memory", "rocksdb"])
+@pytest.mark.parametrize("kind", BACKENDS)
 @pytest.mark.parametrize("state", ["value", "map", "list"])
 def test_snapshot_names_operator_state_key_and_checkpoint(
         tmp_path: Path, mode: str, kind: str, state: str) -> None:

@@ -1,4 +1,5 @@
-"""One job per checkpoint folder: an ``fcntl`` lock on ``<dir>/_lock``.
+"""One job per checkpoint folder: an ``fcntl`` lock on ``<dir>/_lock``
+(:class:`FolderLock`, on the one ``flock`` implementation, :class:`FileLock`).
 
 Two jobs writing ``chk-<n>`` into one folder overwrite each other's
 checkpoints and, through the sinks, each other's output. A job holds an
@@ -25,25 +26,82 @@ from types import TracebackType
 
 from eddyflow.errors import CheckpointFolderInUse
 
-__all__ = ["LOCK_FILE", "FolderLock"]
+__all__ = ["LOCK_FILE", "FileLock", "FolderLock"]
 
 log = logging.getLogger("eddyflow.checkpoint.listing")
 
 LOCK_FILE = "_lock"
 
-#: Descriptors of the locks this process holds, closed in forked children.
-_held: weakref.WeakSet[FolderLock] = weakref.WeakSet()
+#: The locks this process holds, their descriptors closed in forked children.
+_held: weakref.WeakSet[FileLock] = weakref.WeakSet()
 
 
 def _close_in_child() -> None:
     for lock in list(_held):
-        if lock._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(lock._fd)
-            lock._fd = None
+        lock.forget()
 
 
 os.register_at_fork(after_in_child=_close_in_child)
+
+
+class FileLock:
+    """An exclusive ``flock`` on the file ``path`` (created if missing), held
+    from :meth:`try_acquire` to :meth:`release`, or until this process dies.
+    A process forked while it is held closes its copy of the descriptor at
+    once: the lock stays this process's alone. What a checkpoint folder's
+    :class:`FolderLock` and a RocksDB backend's local folder are locked
+    with."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        """This object holds the lock."""
+        return self._fd is not None
+
+    def try_acquire(self) -> bool:
+        """Take the lock if nobody holds it; whether it was taken."""
+        if self._fd is not None:
+            raise RuntimeError(f"{self.path}: already held by this FileLock")
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        _held.add(self)
+        return True
+
+    def write(self, record: bytes) -> None:
+        """Replace the lock file's content with ``record`` (held only)."""
+        assert self._fd is not None
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, record, 0)
+
+    def release(self, *, clear: bool = False) -> None:
+        """Release the lock (``clear``: empty the file first)."""
+        fd, self._fd = self._fd, None
+        _held.discard(self)
+        if fd is None:
+            return
+        if clear:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+        os.close(fd)  # closing the last descriptor releases the flock
+
+    def forget(self) -> None:
+        """Close this process's descriptor without touching the lock (in a
+        forked child: the parent's copy keeps it)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def _holder(path: str) -> dict[str, object]:
@@ -71,53 +129,37 @@ class FolderLock:
         self.folder = os.path.abspath(os.fspath(folder))
         self.path = os.path.join(self.folder, LOCK_FILE)
         self.job = job
-        self._fd: int | None = None
+        self._lock = FileLock(self.path)
 
     @property
     def held(self) -> bool:
-        return self._fd is not None
+        return self._lock.held
 
     def acquire(self) -> FolderLock:
         """Take the lock or raise :class:`CheckpointFolderInUse` naming the
         process that holds it."""
-        if self._fd is not None:
+        if self._lock.held:
             raise RuntimeError(f"{self.path}: already held by this FolderLock")
         os.makedirs(self.folder, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+        if not self._lock.try_acquire():
             holder = _holder(self.path)
             raise CheckpointFolderInUse(
                 f"checkpoint folder {self.folder} is in use by {_describe(holder)}: "
                 "one job per checkpoint folder (stop that job, or give this one "
                 "another directory)", pid=_int_or_none(holder.get("pid")),
-            ) from None
-        except BaseException:
-            os.close(fd)
-            raise
+            )
         previous = _holder(self.path)
         if previous.get("pid") not in (None, os.getpid()):
             # Whoever wrote it is gone: the kernel released their lock.
             log.info("checkpoint folder %s: taking over the lock of %s, which is gone",
                      self.folder, _describe(previous))
-        record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                             "job": self.job, "since": time.time()}).encode()
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, record, 0)
-        self._fd = fd
-        _held.add(self)
+        self._lock.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                     "job": self.job, "since": time.time()}).encode())
         return self
 
     def release(self) -> None:
-        fd, self._fd = self._fd, None
-        _held.discard(self)
-        if fd is None:
-            return
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)  # no pid left behind to mislead a reader
-        os.close(fd)  # closing the last descriptor releases the flock
+        """Release the lock (no pid is left behind to mislead a reader)."""
+        self._lock.release(clear=True)
 
     def __enter__(self) -> FolderLock:
         return self.acquire()

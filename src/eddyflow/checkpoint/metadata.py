@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from eddyflow.checkpoint.handles import KeyedStateHandle, StateFile
 from eddyflow.checkpoint.storage import METADATA, CheckpointCorrupted, CheckpointStorage, FileHandle
-from eddyflow.state.abc import KeyedStateHandle, StateFile
 
 __all__ = [
     "BackEdgeLog",

@@ -59,6 +59,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from eddyflow.checkpoint.handles import KeyedStateHandle, StateFile
 from eddyflow.checkpoint.lock import FolderLock
 from eddyflow.checkpoint.metadata import (
     BootstrapInput,
@@ -82,17 +83,17 @@ from eddyflow.offline.shipping import import_on_executor, ship_to_executors
 from eddyflow.runtime.operators.base import OperatorContext, SourceSpec
 from eddyflow.runtime.operators.windows import WINDOW_STATE
 from eddyflow.runtime.time.timers import TIMERS_STATE
-from eddyflow.state.abc import KeyedStateHandle, SnapshotTarget, StateFile
+from eddyflow.state import registry
+from eddyflow.state.abc import SnapshotTarget
 from eddyflow.state.format import CHUNK, Frames
-from eddyflow.state.memory.backend import MemoryStateBackend
+from eddyflow.state.memory import MemoryStateBackend, MemoryStateHandle
 from eddyflow.state.ttl import has_ttl
 from eddyflow.values import SCALARS
 
-__all__ = ["BACKENDS", "bootstrap"]
+__all__ = ["bootstrap"]
 
 log = logging.getLogger("eddyflow.offline")
 
-BACKENDS = ("memory", "rocksdb")
 #: The kinds of state whose value per key a row can give as it is: a value
 #: (or a reduce's running value), a map as a ``dict``, a list as a ``list``.
 _KINDS = ("value", "reducing", "map", "list")
@@ -128,9 +129,10 @@ def bootstrap(spark: Any, df: Any, *, job: str | os.PathLike[str], operator: str
     restores at another parallelism of the keyed operator, not of its
     sources: bootstrap with the sources' parallelism the job will run with.
 
-    ``backend``: ``"memory"`` or ``"rocksdb"``, the format of the state
-    files (either restores into either backend); default the job's
-    configured state backend. A job's RocksDB serializer is used.
+    ``backend``: the name of a registered state backend (``"memory"`` or
+    ``"rocksdb"``, ``state/registry.py``), the format of the state files
+    (any restores into any backend); default the job's configured state
+    backend's. A job's RocksDB serializer is used.
 
     ``job_name``: the job's name in the metadata (default: the job file's
     name without ``.py``).
@@ -158,7 +160,9 @@ class _Target:
     parallelism: int
     max_parallelism: int
     backend: str
-    serializer: Any
+    #: What the backend's registration keeps of the job's configured
+    #: backend (``BackendKind.offline_settings``).
+    settings: Any
 
 
 def _bootstrap(spark: Any, df: Any, *, job: str | os.PathLike[str], operator: str, key: str,
@@ -188,11 +192,11 @@ def _bootstrap(spark: Any, df: Any, *, job: str | os.PathLike[str], operator: st
     values = [value] if isinstance(value, str) else list(value)
     _check_columns(df, key, values)
     backend_name = _backend_name(backend, env.state_backend)
-    serializer = getattr(env.state_backend, "serializer", None) if backend_name == "rocksdb" \
-        else None
+    backend_kind = registry.kind_named(backend_name)
+    settings = backend_kind.offline_settings(env.state_backend)
     positions = _initial_positions(plan)
     # (Also how user functions, key_fn and value_fn, and the job's reach them.)
-    ship_to_executors(spark, job=module, rocksdb=backend_name == "rocksdb")
+    ship_to_executors(spark, job=module, modules=backend_kind.executor_modules)
 
     storage = CheckpointStorage(directory)
     os.makedirs(storage.root, exist_ok=True)
@@ -209,7 +213,7 @@ def _bootstrap(spark: Any, df: Any, *, job: str | os.PathLike[str], operator: st
             raise BootstrapError(f"{folder} exists: a bootstrap never replaces a "
                                  "checkpoint") from None
         target = _Target(storage.root, n, f"bootstrap{secrets.token_hex(4)}", operator, state,
-                         kind, kinds, p, mp, backend_name, serializer)
+                         kind, kinds, p, mp, backend_name, settings)
         try:
             meta = _write(spark, df, target, plan, node.id, positions, key, values, key_fn,
                           value_fn, name, t0, env)
@@ -291,11 +295,13 @@ def _declared_states(plan: ExecutionPlan, node_id: int) -> dict[str, str]:
 
 def _backend_name(backend: str | None, configured: Any) -> str:
     if backend is None:
-        from eddyflow.state.rocksdb import RocksDBStateBackend
-
-        return "rocksdb" if isinstance(configured, RocksDBStateBackend) else "memory"
-    if backend not in BACKENDS:
-        raise BootstrapError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
+        # The configured backend's own format; a backend of no registered
+        # kind gets the memory format, which restores into any backend.
+        kind = registry.kind_of_backend(configured)
+        return kind.name if kind is not None else MemoryStateHandle.backend
+    if backend not in registry.names():
+        raise BootstrapError(f"backend must be one of {', '.join(registry.names())}, "
+                             f"not {backend!r}")
     return backend
 
 
@@ -378,8 +384,8 @@ def _metadata(target: _Target, plan: ExecutionPlan, node_id: int,
                 parts[s] = SubtaskState(is_source=True, position=positions[n.uid][s])
             elif n.keyed:
                 # Declared, holding nothing: as a job's first checkpoint has them.
-                parts[s] = SubtaskState(keyed=KeyedStateHandle(
-                    "memory", kinds, 0, key_group_range(s, mp, p)))
+                parts[s] = SubtaskState(keyed=MemoryStateHandle(
+                    kinds, 0, key_group_range(s, mp, p)))
             else:
                 parts[s] = SubtaskState()  # stateless, or a sink with nothing pending
         operators[n.uid] = OperatorState(n.kind, p, parts)
@@ -595,16 +601,11 @@ class _WriteSubtask:
 
 def _snapshot(t: _Target, subtask: int, groups: range,
               entries: dict[Any, Any]) -> KeyedStateHandle:
-    local = None
-    factory: Any
-    if t.backend == "rocksdb":
-        import_on_executor("rocksdict")  # the driver's copy, where the executor lacks one
-        from eddyflow.state.rocksdb import RocksDBStateBackend
-
-        local = tempfile.mkdtemp(prefix="eddyflow-bootstrap-")
-        factory = RocksDBStateBackend(local, serializer=t.serializer)
-    else:
-        factory = MemoryStateBackend()
+    kind = registry.kind_named(t.backend)
+    for module in kind.executor_modules:
+        import_on_executor(module)  # the driver's copy, where the executor lacks one
+    local = tempfile.mkdtemp(prefix="eddyflow-bootstrap-")
+    factory = kind.offline_backend(local, t.settings)
     try:
         keyed = factory.create_keyed_backend(t.operator, subtask, groups, t.max_parallelism,
                                              checkpointing=True)
@@ -620,6 +621,5 @@ def _snapshot(t: _Target, subtask: int, groups: range,
         finally:
             keyed.close()
     finally:
-        if local is not None:
-            shutil.rmtree(local, ignore_errors=True)
+        shutil.rmtree(local, ignore_errors=True)
     return handle

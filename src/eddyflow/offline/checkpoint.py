@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from eddyflow.checkpoint.handles import KeyedStateHandle
 from eddyflow.checkpoint.metadata import CheckpointMetadata, read_checkpoint
 from eddyflow.checkpoint.storage import (
     CheckpointCorrupted,
@@ -26,8 +27,7 @@ from eddyflow.checkpoint.storage import (
 from eddyflow.offline.shipping import import_on_executor
 from eddyflow.runtime.checkpointing.backedge_log import Logged, decode_backedge_log
 from eddyflow.runtime.checkpointing.channel_state import decode_channel_state
-from eddyflow.state.abc import KeyedStateHandle, StateFile
-from eddyflow.state.format import DELETED
+from eddyflow.state.registry import kind_of
 
 __all__ = ["CheckpointRef", "KeyedFile", "keyed_files", "open_checkpoint", "read_keyed_file",
            "read_verified_backedge_log", "read_verified_channel_state"]
@@ -77,23 +77,26 @@ def open_checkpoint(path: str | os.PathLike[str], checkpoint: int | None = None
 
 @dataclass(frozen=True)
 class KeyedFile:
-    """One subtask's keyed state of one operator: its files, in the order
-    they apply (a full snapshot, then the deltas written since)."""
+    """One subtask's keyed state of one operator: its handle in the
+    checkpoint of storage ``root``, read by its backend's registration
+    (``state/registry.py``)."""
 
     root: str
     operator: str
     subtask: int
-    files: tuple[StateFile, ...]
-    kinds: dict[str, str]
+    handle: KeyedStateHandle
     max_parallelism: int = 0
-    #: The whole handle (a RocksDB one is read as a database, not as files).
-    handle: KeyedStateHandle | None = None
+
+    @property
+    def kinds(self) -> dict[str, str]:
+        """State name -> kind."""
+        return dict(self.handle.kinds)
 
     @property
     def key_groups(self) -> range | None:
         """The key groups the subtask owned (``None``: unknown, metadata
         format 1)."""
-        if self.handle is None or not len(self.handle.key_groups):
+        if not len(self.handle.key_groups):
             return None
         return self.handle.key_groups
 
@@ -110,40 +113,21 @@ def keyed_files(ref: CheckpointRef, operator: str | None = None) -> list[KeyedFi
             continue
         for s, part in sorted(op.subtasks.items()):
             if part.keyed is not None:
-                out.append(KeyedFile(ref.root, uid, s, part.keyed.files, dict(part.keyed.kinds),
-                                     ref.meta.max_parallelism, part.keyed))
+                out.append(KeyedFile(ref.root, uid, s, part.keyed, ref.meta.max_parallelism))
     return out
 
 
 def read_keyed_file(kf: KeyedFile, key_groups: range | None = None
                     ) -> Iterator[tuple[int, str, Any, Any]]:
     """``(key_group, state, key, value)`` of one subtask's keyed state (of
-    ``key_groups`` only, if given): each of its files verified, the deltas
-    applied over the full snapshot."""
-    if kf.handle is not None and kf.handle.backend == "rocksdb":
-        # Its files are copied into a local folder of this executor,
-        # verified as they are copied, and opened read-only. rocksdict is
-        # compiled: installed on this executor, or shipped by the driver.
-        import_on_executor("rocksdict")
-        yield from kf.handle.read(kf.root, key_groups=key_groups,
-                                  max_parallelism=kf.max_parallelism)
-        return
-    storage = CheckpointStorage(kf.root)
-    state: dict[str, dict[Any, tuple[int, Any]]] = {}
-    owner = kf.key_groups
-    for f in kf.files:
-        storage.verify_file(f.handle)
-        for kg, name, key, value in f.entries(kf.root, key_groups=key_groups, owner=owner,
-                                              max_parallelism=kf.max_parallelism,
-                                              with_groups=True):
-            table = state.setdefault(name, {})
-            if value is DELETED:
-                table.pop(key, None)
-            else:
-                table[key] = (kg, value)
-    for name, table in state.items():
-        for key, (kg, value) in table.items():
-            yield kg, name, key, value
+    ``key_groups`` only, if given), each key once, each of its files
+    verified: as its backend's registration reads it. A module the backend
+    needs here (``rocksdict``: compiled) is imported from this executor's
+    Python, or from the copy the driver shipped."""
+    kind = kind_of(kf.handle)
+    for module in kind.executor_modules:
+        import_on_executor(module)
+    yield from kind.read_verified(kf.root, kf.handle, key_groups, kf.max_parallelism)
 
 
 def read_verified_channel_state(root: str, handle: FileHandle

@@ -42,6 +42,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from eddyflow.checkpoint.handles import StateFile
 from eddyflow.checkpoint.metadata import BootstrapInput
 from eddyflow.checkpoint.storage import CheckpointCorrupted, CheckpointStorage, checkpoint_dir_name
 from eddyflow.graph.plan import ExecutionPlan
@@ -61,7 +62,7 @@ from eddyflow.offline.replay import replay_split
 from eddyflow.offline.shipping import ship_to_executors
 from eddyflow.runtime.operators.base import SourceSpec
 from eddyflow.runtime.time.valve import decode_watermark
-from eddyflow.state.abc import StateFile
+from eddyflow.state.format import read_state_file
 from eddyflow.state.ttl import base_kind, has_ttl, unwrap
 
 __all__ = ["ValidationReport", "validate"]
@@ -335,7 +336,8 @@ def _read_given(item: tuple[str, StateFile, str, str, int]) -> Iterator[tuple[in
     value))``, the form ``evaluate`` takes initial state in."""
     root, f, name, kind, mp = item
     CheckpointStorage(root).verify_file(f.handle)
-    for kg, state, key, value in f.entries(root, max_parallelism=mp, with_groups=True):
+    for kg, state, key, value in read_state_file(root, f, max_parallelism=mp,
+                                                 with_groups=True):
         if state == name:
             yield kg, (state, kind, key, value)
 

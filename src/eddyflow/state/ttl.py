@@ -55,9 +55,10 @@ import heapq
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from eddyflow.checks import positive
+from eddyflow.state.table import PreloadingTable, TableCapabilities
 
 __all__ = [
     "ABSENT",
@@ -198,20 +199,23 @@ def _earliest(stamped: Iterable[tuple[float, Any]]) -> float | None:
 
 class ExpiryIndex:
     """Which entries of one state with a TTL may have expired, by time (see
-    the module docstring). ``table`` is the state's table: a ``dict`` (the
-    memory backend; RocksDB's value cache is one too) or a RocksDB map or
-    list table of rows; ``changes`` where a removal is recorded."""
+    the module docstring). ``table`` is the state's table, with the
+    ``capabilities`` its backend declares (a map or list state may be stored
+    as rows, a table may load keys before they are read); ``changes`` where
+    a removal is recorded."""
 
     def __init__(self, name: str, kind: str, ttl: StateTtl, now: Callable[[], float],
-                 table: MutableMapping[Any, Any], changes: Any) -> None:
+                 table: MutableMapping[Any, Any], changes: Any,
+                 capabilities: TableCapabilities) -> None:
         self.name = name
         self.kind = base_kind(kind)
         self.ttl = ttl
         self.now = now
         self._table = table
         self._changes = changes
-        self._rows: Any = None if isinstance(table, dict) else table
-        self._load: Callable[[Any], None] | None = getattr(table, "load_one", None)
+        self._rows: Any = table if capabilities.rows else None
+        self._load: Callable[[Any], None] | None = (
+            cast(PreloadingTable, table).load_one if capabilities.preloads else None)
         self._heap: list[tuple[float, int, Any]] = []
         #: entry id -> the time its heap item has (one live item per id).
         self._indexed: dict[Any, float] = {}

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from eddyflow.checkpoint.handles import KeyedStateHandle
 from eddyflow.connectors.sink import Sink, SinkWriter
 from eddyflow.errors import IncompatibleCheckpoint
 from eddyflow.functions import KeyedProcessFunction, RuntimeContext
@@ -38,14 +39,8 @@ from eddyflow.keygroups import check_key, key_group_range
 from eddyflow.runtime.exchange.events import timestamped
 from eddyflow.runtime.time.clock import WALL_CLOCK, Clock
 from eddyflow.runtime.time.timers import EVENT_TIME, PROCESSING_TIME, TimerService
-from eddyflow.state.abc import (
-    Changes,
-    KeyedSnapshot,
-    KeyedStateBackend,
-    KeyedStateHandle,
-    SnapshotTarget,
-    StateBackend,
-)
+from eddyflow.state.abc import KeyedSnapshot, KeyedStateBackend, SnapshotTarget, StateBackend
+from eddyflow.state.changes import Changes
 from eddyflow.state.ttl import ttl_clash
 
 __all__ = [
@@ -348,8 +343,9 @@ class _Keyed(Operator):
         self.changes = self.backend.changes(self.state_name)
         # A table that caches a database (RocksDB) loads a batch's keys in
         # one round-trip before the loop looks them up.
-        self._load = getattr(self.table, "load", None)
-        self._needs_keys = getattr(self.table, "needs_keys", None)
+        preloads = self.backend.capabilities(self.state_name).preloads
+        self._load = self.table.load if preloads else None
+        self._needs_keys = self.table.needs_keys if preloads else None
 
     def _prefetch(self, batch: list[Any]) -> None:
         load = self._load

@@ -49,12 +49,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from eddyflow.checkpoint.handles import KeyedStateHandle
 from eddyflow.keygroups import check_key
 from eddyflow.runtime.exchange.events import timestamped
 from eddyflow.runtime.operators.base import Operator, OperatorContext, _Keyed
 from eddyflow.runtime.time.moving_timers import MovingTimers
 from eddyflow.runtime.time.timers import EVENT_TIME, PROCESSING_TIME, TimerService
-from eddyflow.state.abc import KeyedStateHandle
 from eddyflow.state.handles import MapState
 from eddyflow.values import SCALARS
 from eddyflow.windowing.functions import WindowAdapter
@@ -134,8 +134,7 @@ class _WindowOperator(_Keyed):
         backend = self.backend = self.ctx.keyed_backend()
         self.windows = MapState(backend, WINDOW_STATE)
         self.changes = backend.changes(WINDOW_STATE)
-        table = backend.tables()[WINDOW_STATE]
-        self.heap = table if type(table) is dict else None
+        self.heap = backend.plain_table(WINDOW_STATE)
         # Sessions move their timers with nearly every record: on the memory
         # backend they get timers whose index allows that cheaply. Fixed
         # windows share their times across keys, which TimerService's

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from eddyflow.checkpoint.handles import KeyedStateHandle
 from eddyflow.checkpoint.metadata import CheckpointMetadata, OperatorState, SubtaskState
 from eddyflow.checkpoint.storage import CheckpointStorage
 from eddyflow.errors import IncompatibleCheckpoint
@@ -17,7 +18,6 @@ from eddyflow.keygroups import key_group_range
 from eddyflow.runtime.checkpointing.backedge_log import Logged, read_backedge_batches
 from eddyflow.runtime.checkpointing.channel_state import read_channel_state
 from eddyflow.runtime.time.valve import decode_watermark
-from eddyflow.state.abc import KeyedStateHandle
 
 __all__ = ["RestoredCheckpoint"]
 

@@ -35,7 +35,8 @@ import heapq
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from eddyflow.state.abc import Changes, KeyedStateBackend
+from eddyflow.state.abc import KeyedStateBackend
+from eddyflow.state.changes import Changes
 from eddyflow.state.handles import MapState
 
 __all__ = ["EVENT_TIME", "PROCESSING_TIME", "TIMERS_STATE", "TimerService"]
@@ -106,8 +107,8 @@ class TimerService:
     def _rows(self) -> MapState[tuple[str, float], None]:
         if self._state is None:
             self._state = MapState(self._backend, TIMERS_STATE)
-            table = self._backend.tables().get(TIMERS_STATE)
-            if type(table) is dict:
+            table = self._backend.plain_table(TIMERS_STATE)
+            if table is not None:
                 self._table = table
                 self._changes = self._backend.changes(TIMERS_STATE)
         return self._state

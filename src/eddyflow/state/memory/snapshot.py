@@ -38,18 +38,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from eddyflow.checkpoint.handles import StateFile
 from eddyflow.checkpoint.storage import CheckpointStorage, FileHandle
 from eddyflow.state import forked
-from eddyflow.state.abc import (
-    Changes,
-    KeyedSnapshot,
-    KeyedStateHandle,
-    SnapshotTarget,
-    StateFile,
-    Written,
-    written_keys,
-)
+from eddyflow.state.abc import KeyedSnapshot, SnapshotTarget
+from eddyflow.state.changes import Changes, Written, written_keys
 from eddyflow.state.format import encode_chunks
+from eddyflow.state.memory.handle import MemoryStateHandle
 from eddyflow.state.serialization import state_error
 from eddyflow.values import SCALARS
 
@@ -267,7 +262,7 @@ class _Snapshot(KeyedSnapshot):
         self.base = base
         self.full = full
 
-    async def write(self) -> KeyedStateHandle:
+    async def write(self) -> MemoryStateHandle:
         base = self.base
         files = base.files if base is not None else ()
         base_bytes = base.base_bytes if base is not None else 0
@@ -313,8 +308,8 @@ class _Snapshot(KeyedSnapshot):
                 delta_bytes += size
         self.strategy.record(self.target.checkpoint_id, _Chain(files, base_bytes, delta_bytes))
         backend = self.strategy.backend
-        return KeyedStateHandle("memory", self.kinds, self.entries, backend.key_groups,
-                                files, new)
+        return MemoryStateHandle(self.kinds, self.entries, backend.key_groups, files,
+                                 new_files=new)
 
     def cancel(self) -> None:
         if self.work is not None:

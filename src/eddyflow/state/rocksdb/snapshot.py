@@ -38,8 +38,9 @@ import anyio
 
 from eddyflow.checkpoint.durable import fsync_dir
 from eddyflow.checkpoint.storage import FileHandle, checkpoint_dir_name
-from eddyflow.state.abc import KeyedSnapshot, KeyedStateHandle, SnapshotTarget
+from eddyflow.state.abc import KeyedSnapshot, SnapshotTarget
 from eddyflow.state.rocksdb.files import copy_verified, hash_file
+from eddyflow.state.rocksdb.handle import RocksDBStateHandle
 
 if TYPE_CHECKING:
     from eddyflow.state.rocksdb.backend import RocksDBKeyedStateBackend
@@ -102,7 +103,7 @@ class _RocksSnapshot(KeyedSnapshot):
         self.entries = entries
         self.cancelled = threading.Event()
 
-    async def write(self) -> KeyedStateHandle:
+    async def write(self) -> RocksDBStateHandle:
         backend = self.strategy.backend
         t = self.target
         shared = f"shared/{backend.operator}-{t.subtask}-{t.run_id}-{t.checkpoint_id}-"
@@ -115,8 +116,8 @@ class _RocksSnapshot(KeyedSnapshot):
             # The local checkpoint's links are not needed once uploaded (or not).
             shutil.rmtree(self.local, ignore_errors=True)
         self.strategy.record(t.checkpoint_id, files)
-        return KeyedStateHandle("rocksdb", self.kinds, self.entries, backend.key_groups,
-                                db_files=tuple(sorted(files.items())), new_files=new)
+        return RocksDBStateHandle(self.kinds, self.entries, backend.key_groups,
+                                  tuple(sorted(files.items())), new_files=new)
 
     def cancel(self) -> None:
         self.cancelled.set()
