@@ -176,6 +176,10 @@ def test_a_subtask_part_round_trips_whatever_it_holds() -> None:
         {"source": {"partition": [1, 2]}, "committables": [[0, "txn-1"]]},
         {"keyed": keyed, "backedge": {"file": handle.to_json(), "records": 4}},
         {"channels": [1, 2], "source": 7},  # a key the model does not know is kept
+        {"watermark": 12.5, "keyed": keyed},
+        {"watermark": "inf"},  # JSON has no infinities
+        {"watermark": "-inf", "source": 3},
+        {"watermark": 7},  # an int stays an int
     ]
     for part in parts:
         state = SubtaskState.from_json(part)
@@ -183,6 +187,27 @@ def test_a_subtask_part_round_trips_whatever_it_holds() -> None:
     assert SubtaskState.from_json(parts[1]).is_source
     assert SubtaskState.from_json(parts[3]).backedge == BackEdgeLog(handle, 4)
     assert SubtaskState.from_json(parts[4]).extra == {"channels": [1, 2]}
+    # The watermark is a typed field, not one of the unknown keys.
+    assert [SubtaskState.from_json(p).watermark for p in parts[5:]] == [
+        12.5, float("inf"), float("-inf"), 7]
+    assert all(SubtaskState.from_json(p).extra == {} for p in parts[5:])
+    assert SubtaskState.from_json(parts[0]).watermark is None
+
+
+def test_the_watermarks_of_an_old_checkpoint_read_into_the_typed_field() -> None:
+    """The previous main wrote each operator's watermark as a key of its
+    subtask's part, which the model kept in ``extra``: it reads into
+    ``SubtaskState.watermark`` now, and writes back to the same JSON."""
+    fixtures = Path(__file__).parents[1] / "fixtures" / "old_checkpoints"
+    for kind in ("memory", "rocksdb"):
+        raw = CheckpointStorage(fixtures / kind).read_metadata(1)
+        meta = CheckpointMetadata.from_json(raw)
+        marks = [part.watermark for op in meta.operators.values()
+                 for part in op.subtasks.values() if part.watermark is not None]
+        assert len(marks) == 14, kind
+        assert all(part.extra == {} for op in meta.operators.values()
+                   for part in op.subtasks.values())
+        assert json.dumps(meta.to_json(), sort_keys=True) == json.dumps(body(raw), sort_keys=True)
 
 
 def test_malformed_metadata_is_a_clear_error(checkpoints: Path, tmp_path: Path) -> None:

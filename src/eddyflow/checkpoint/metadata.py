@@ -17,6 +17,7 @@ state of metadata format 1 (one full file per subtask) is read by
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -84,19 +85,34 @@ class ChannelState:
                             {str(k): int(v) for k, v in d["outputs"].items()})
 
 
-_PART_KEYS = frozenset({"source", "keyed", "committables", "backedge", "channel_state"})
+_PART_KEYS = frozenset({"source", "keyed", "committables", "backedge", "channel_state",
+                        "watermark"})
+
+
+def _encode_watermark(w: float) -> float | str:
+    # JSON has no infinities: they are written as "inf" and "-inf".
+    return w if math.isfinite(w) else ("inf" if w > 0 else "-inf")
+
+
+def _decode_watermark(v: Any) -> float:
+    # A number is kept as written (an int stays an int), so that the model
+    # writes back the JSON it read.
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return v
+    return float(v)
 
 
 @dataclass(frozen=True)
 class SubtaskState:
     """What one subtask of one operator recorded: a source's position (JSON
     key ``source``), keyed state, a sink's pending transactions, a loop
-    head's back-edge log.
+    head's back-edge log, an unaligned checkpoint's channel state, and the
+    operator's watermark at the barrier (``None``: it had none yet).
 
-    A position may itself be ``None``, hence ``is_source``. The task builds
-    these parts (``runtime/task.py``): keys this model does not know yet are
-    kept in ``extra`` and written back, so that the coordinator's pass
-    through the model never drops them from a checkpoint."""
+    A position may itself be ``None``, hence ``is_source``. A task
+    acknowledges these (``runtime/checkpointing/messages.py``); keys of the
+    JSON this model does not know are kept in ``extra`` and written back, so
+    that rewriting a checkpoint's metadata never drops them."""
 
     is_source: bool = False
     position: Any = None
@@ -104,10 +120,13 @@ class SubtaskState:
     committables: tuple[Any, ...] = ()
     backedge: BackEdgeLog | None = None
     channel_state: ChannelState | None = None
+    watermark: float | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         out = dict(self.extra)
+        if self.watermark is not None:
+            out["watermark"] = _encode_watermark(self.watermark)
         if self.is_source:
             out["source"] = self.position
         if self.keyed is not None:
@@ -122,7 +141,7 @@ class SubtaskState:
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> SubtaskState:
-        keyed, backedge = d.get("keyed"), d.get("backedge")
+        keyed, backedge, watermark = d.get("keyed"), d.get("backedge"), d.get("watermark")
         return SubtaskState(
             is_source="source" in d,
             position=d.get("source"),
@@ -131,6 +150,7 @@ class SubtaskState:
             backedge=None if backedge is None else BackEdgeLog.from_json(backedge),
             channel_state=(None if d.get("channel_state") is None
                            else ChannelState.from_json(d["channel_state"])),
+            watermark=None if watermark is None else _decode_watermark(watermark),
             extra={k: v for k, v in d.items() if k not in _PART_KEYS},
         )
 

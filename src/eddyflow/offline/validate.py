@@ -61,7 +61,6 @@ from eddyflow.offline.readers import (
 from eddyflow.offline.replay import replay_split
 from eddyflow.offline.shipping import ship_to_executors
 from eddyflow.runtime.operators.base import SourceSpec
-from eddyflow.runtime.time.valve import decode_watermark
 from eddyflow.state.format import read_state_file
 from eddyflow.state.ttl import base_kind, has_ttl, unwrap
 
@@ -124,10 +123,9 @@ def _watermarks(ref: CheckpointRef) -> dict[str, Watermarks]:
     out: dict[str, Watermarks] = {}
     for uid, op in ref.meta.operators.items():
         for s, part in sorted(op.subtasks.items()):
-            w = part.extra.get("watermark")
-            if w is not None:
+            if part.watermark is not None:
                 out.setdefault(uid, []).append(
-                    (key_group_range(s, mp, op.parallelism), decode_watermark(w)))
+                    (key_group_range(s, mp, op.parallelism), part.watermark))
     return out
 
 

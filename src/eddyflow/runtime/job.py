@@ -33,9 +33,10 @@ from eddyflow.runtime.exchange.writers import (
     RebalanceWriter,
     RecordWriter,
 )
+from eddyflow.runtime.failures import TaskFailure
 from eddyflow.runtime.operators.base import Operator, OperatorContext, SinkSpec, SourceSpec
 from eddyflow.runtime.recovery.restore import RestoredCheckpoint
-from eddyflow.runtime.task import Task, TaskFailure
+from eddyflow.runtime.task import Task
 from eddyflow.runtime.time.clock import WALL_CLOCK, Clock
 from eddyflow.state.abc import StateBackend
 

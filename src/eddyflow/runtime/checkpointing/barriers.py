@@ -115,20 +115,40 @@ class BarrierHandler:
 
     @property
     def state(self) -> HandlerState:
+        """Where the inputs stand in the checkpoint in flight."""
         if self.align is not None:
             return HandlerState.ALIGNING
         if self.log is not None:
             return HandlerState.LOGGING
         return HandlerState.IDLE
 
+    @property
+    def aligning(self) -> bool:
+        """Whether a checkpoint is being aligned at the inputs."""
+        return self.align is not None
+
     def saw(self, checkpoint_id: int) -> bool:
+        """Whether the task took part in ``checkpoint_id`` or a later one."""
         return self.done_id >= checkpoint_id
 
     def mark_done(self, checkpoint_id: int) -> None:
+        """The task takes part in ``checkpoint_id`` (older barriers are late)."""
         self.done_id = max(self.done_id, checkpoint_id)
 
     def regular_ended(self) -> bool:
+        """Whether every regular input has ended."""
         return all(self.ended[i] for i, r in enumerate(self.regular) if r)
+
+    def on_injected(self, checkpoint_id: int) -> None:
+        """A source emits barrier ``checkpoint_id`` itself (it has no inputs
+        to align): it takes part, and a switch of it is acted on."""
+        self.mark_done(checkpoint_id)
+        self.switched.discard(checkpoint_id)
+
+    def end_loop(self) -> None:
+        """This loop head has ended its loop: from now on it only drains its
+        back-edges, and acknowledges checkpoints with its final state."""
+        self.loop_ended = True
 
     # -- what the gate delivers ------------------------------------------------
 
@@ -276,7 +296,29 @@ class BarrierHandler:
                                         unaligned=True, waiting=waiting, taken=taken)
 
     def request_switch(self, checkpoint_id: int) -> None:
+        """The coordinator switched ``checkpoint_id`` to unaligned: the task
+        acts on it at its next turn (:meth:`take_switch_requests`)."""
         self.switch_requests.append(checkpoint_id)
+
+    @property
+    def has_switch_requests(self) -> bool:
+        """Whether switches to unaligned wait to be acted on."""
+        return bool(self.switch_requests)
+
+    def take_switch_requests(self) -> list[int]:
+        """The switches to unaligned not yet acted on, in order; from now on
+        the task's to act on."""
+        requests, self.switch_requests = self.switch_requests, []
+        return requests
+
+    def mark_switched(self, checkpoint_id: int) -> None:
+        """``checkpoint_id`` is taken unaligned when its barrier comes (or,
+        at a source, when it emits it)."""
+        self.switched.add(checkpoint_id)
+
+    def is_switched(self, checkpoint_id: int) -> bool:
+        """Whether ``checkpoint_id`` was switched to unaligned and is not yet taken."""
+        return checkpoint_id in self.switched
 
     async def on_switch(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` switched to unaligned: if it is being
@@ -293,7 +335,7 @@ class BarrierHandler:
         if barrier is not None:
             await self.start_unaligned(barrier, set())
         else:
-            self.switched.add(n)
+            self.mark_switched(n)
 
     def _queued_barrier(self, n: int) -> Barrier | None:
         assert self.gate is not None

@@ -1,22 +1,8 @@
 """The checkpoint coordinator (docs/concepts/checkpoints.md, ABS on a DAG, steps 1 and 5).
 
-It triggers checkpoint ``n`` every ``interval`` seconds by asking every
-source task to emit barrier ``n``, never with more than one periodic
-checkpoint in flight; collects each task's acknowledgement (sent when the
-task's asynchronous write is durable); and when every task has acknowledged,
-writes ``chk-<n>/_metadata`` last and atomically, commits the sinks'
-transactions recorded in it, and notifies every task. A checkpoint not
-complete within ``timeout`` is aborted and every task told.
-
-Checkpoints go on after sources finish: a finished task acknowledges each
-checkpoint with its final state, and a loop head whose inputs have ended
-emits the barrier into its loop (a loop outlives its input). The end of a
-bounded input is a final checkpoint, taken when every task has finished,
-so all output is committed — and recorded, so a crash during the commits is
-repaired on restore — before ``execute`` returns.
-
-Without checkpointing the coordinator still runs that final commit, with no
-storage behind it.
+It speaks to the tasks only through the messages of
+:mod:`~eddyflow.runtime.checkpointing.messages` and the
+:class:`~eddyflow.runtime.checkpointing.participant.CheckpointParticipant` protocol.
 """
 
 from __future__ import annotations
@@ -27,7 +13,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import anyio
 
@@ -49,26 +35,31 @@ from eddyflow.checkpoint.storage import CheckpointCorrupted, CheckpointStorage, 
 from eddyflow.connectors.sink import Sink
 from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.runtime.checkpointing.barriers import CheckpointMode
-from eddyflow.runtime.exchange.events import Barrier
+from eddyflow.runtime.checkpointing.messages import (
+    AbortCheckpoint,
+    AcknowledgeCheckpoint,
+    CheckpointOptions,
+    CheckpointStats,
+    DeclineCheckpoint,
+    NotifyCheckpointComplete,
+    SubtaskId,
+    SwitchToUnaligned,
+    TriggerCheckpoint,
+)
+from eddyflow.runtime.checkpointing.participant import CheckpointParticipant
 from eddyflow.runtime.faults import fault_point
 
-if TYPE_CHECKING:
-    from eddyflow.runtime.task import Task
-
-__all__ = ["CheckpointConfig", "CheckpointCoordinator", "Participant", "TaskSnapshot"]
+__all__ = ["CheckpointConfig", "CheckpointCoordinator"]
 
 log = logging.getLogger("eddyflow.checkpoint.listing")
 
 
-class Participant(Protocol):
-    """A task as an acknowledgement names it."""
-
-    chain_index: int
-    subtask: int
-
-
 @dataclass(frozen=True)
 class CheckpointConfig:
+    """How a job checkpoints: every ``interval`` seconds into ``directory``,
+    in ``mode``, keeping the last ``retained`` checkpoints, aborting one not
+    complete after ``timeout`` seconds."""
+
     interval: float
     directory: str
     mode: CheckpointMode = CheckpointMode.EXACTLY_ONCE
@@ -80,36 +71,37 @@ class CheckpointConfig:
 
 
 @dataclass
-class TaskSnapshot:
-    """What a task acknowledges: per operator uid, the JSON-able part of its
-    snapshot (source position, keyed-state file and index, committables),
-    the files it wrote, and how long alignment and the two phases took."""
-
-    operators: dict[str, dict[str, Any]]
-    files: list[FileHandle]
-    alignment_duration: float = 0.0
-    sync_duration: float = 0.0
-    async_duration: float = 0.0
-    #: Whether the task took it unaligned, and the channel state it wrote.
-    unaligned: bool = False
-    channel_state_records: int = 0
-    channel_state_size: int = 0
-
-
-@dataclass
 class _Pending:
     id: int
     trigger_time: float
     started: float
     final: bool
     switched: bool = False  # to unaligned, after the aligned timeout
-    acks: dict[tuple[int, int], TaskSnapshot] = field(default_factory=dict)
-    #: Each acknowledgement's operator parts, read into the metadata model.
-    parts: dict[tuple[int, int], dict[str, SubtaskState]] = field(default_factory=dict)
+    acks: dict[SubtaskId, AcknowledgeCheckpoint] = field(default_factory=dict)
     done: anyio.Event = field(default_factory=anyio.Event)
 
 
 class CheckpointCoordinator:
+    """Triggers a job's checkpoints, completes or aborts each, and keeps the
+    checkpoint folder (retention, shared files, commit records).
+
+    It triggers checkpoint ``n`` every ``interval`` seconds, never with more
+    than one periodic checkpoint in flight; collects each participant's
+    acknowledgement (sent when its asynchronous write is durable); and when
+    every participant has acknowledged, writes ``chk-<n>/_metadata`` last
+    and atomically, commits the sinks' transactions recorded in it, and
+    notifies every participant. A checkpoint not complete within
+    ``timeout``, or declined by a participant, is aborted and every
+    participant told.
+
+    Checkpoints go on after sources finish: a finished task acknowledges
+    each checkpoint with its final state, and a loop head whose inputs have
+    ended emits the barrier into its loop. The end of a bounded input is a
+    final checkpoint, taken when every task has finished, so all output is
+    committed (and recorded, so a crash during the commits is repaired on
+    restore) before ``execute`` returns. Without checkpointing (``config``
+    ``None``) it still runs that final commit, with no storage behind it."""
+
     def __init__(
         self,
         config: CheckpointConfig | None,
@@ -131,7 +123,7 @@ class CheckpointCoordinator:
         self.job_name = job_name
         self.plan = plan
         self.sinks = sinks
-        self.tasks: Sequence[Task] = ()
+        self.tasks: Sequence[CheckpointParticipant] = ()
         # Completed checkpoints of this execution, earlier attempts included.
         self.completed: list[int] = list(completed)
         # The directory belongs to the job: retention covers every completed
@@ -145,14 +137,15 @@ class CheckpointCoordinator:
         if self.storage is not None:
             self.registry = self._load_registry(self.storage)
         self.aborted: list[int] = []
-        self.stats: list[dict[str, Any]] = []
+        #: Each completed checkpoint of this run, in order (the metrics read the last).
+        self.stats: list[CheckpointStats] = []
         self._next_id = next_id
         self._pending: _Pending | None = None
         self._final: _Pending | None = None
         self._completing: set[int] = set()  # metadata being written: not incomplete
         # Taken at once when free: a plain acquire yields a turn of the loop.
         self._completion_lock = anyio.Lock(fast_acquire=True)
-        self._finished: set[tuple[int, int]] = set()
+        self._finished: set[SubtaskId] = set()
         self._stopped = False
         self._resume = anyio.Event()
         self._resume.set()
@@ -170,11 +163,13 @@ class CheckpointCoordinator:
         registry.collect_garbage()
         return registry
 
-    def attach(self, tasks: Sequence[Task]) -> None:
+    def attach(self, tasks: Sequence[CheckpointParticipant]) -> None:
+        """The participants of this run (every task of the job)."""
         self.tasks = tasks
 
     @property
     def synchronous(self) -> bool:
+        """Sources wait for each checkpoint to complete (``synchronous`` mode)."""
         return self.mode is CheckpointMode.SYNCHRONOUS
 
     @property
@@ -188,6 +183,9 @@ class CheckpointCoordinator:
     # -- triggering --------------------------------------------------------
 
     async def run_periodic(self) -> None:
+        """Trigger a checkpoint every interval, one at a time, until stopped;
+        switch one to unaligned after the aligned timeout, abort one that
+        times out."""
         cfg = self.config
         if cfg is None:
             return
@@ -215,8 +213,7 @@ class CheckpointCoordinator:
                     # written: too late to abort, the sinks commit next.
                     await pending.done.wait()
                 else:
-                    missing = [t for t in self.tasks
-                               if (t.chain_index, t.subtask) not in pending.acks]
+                    missing = [t for t in self.tasks if t.subtask_id not in pending.acks]
                     log.warning("checkpoint %d: no acknowledgement from %d tasks:\n  %s",
                                 pending.id, len(missing),
                                 "\n  ".join(t.describe_state() for t in missing))
@@ -231,16 +228,19 @@ class CheckpointCoordinator:
         self._pending = pending
         if self.synchronous:
             self._resume = anyio.Event()
-        barrier = Barrier(n, pending.trigger_time,
-                          unaligned=self.mode is CheckpointMode.UNALIGNED)
+        trigger = self._trigger_of(pending)
         # Checkpoints go on after sources finish (a loop outlives its input):
         # a finished task acknowledges with its final state; a running source
         # emits the barrier; so does a loop head whose inputs have all ended,
         # into its loop. Every other task gets the barrier through a channel.
         for t in self.tasks:
-            if not t.trigger_barrier(barrier):
-                self.spawn_final_ack(t, barrier)
+            if not t.trigger_checkpoint(trigger):
+                t.acknowledge_final_state(trigger)
         return pending
+
+    def _trigger_of(self, p: _Pending) -> TriggerCheckpoint:
+        return TriggerCheckpoint(p.id, p.trigger_time, CheckpointOptions(
+            self.mode, unaligned=self.mode is CheckpointMode.UNALIGNED or p.switched))
 
     def _switch_to_unaligned(self, p: _Pending) -> None:
         """The aligned timeout passed: every task that has not acknowledged
@@ -250,39 +250,30 @@ class CheckpointCoordinator:
         p.switched = True
         log.info("checkpoint %d: not aligned after %.3f s; switching to unaligned",
                  p.id, time.monotonic() - p.started)
+        switch = SwitchToUnaligned(p.id)
         for t in self.tasks:
-            if (t.chain_index, t.subtask) not in p.acks and not t.finished:
-                t.switch_to_unaligned(p.id)
+            if t.subtask_id not in p.acks and not t.finished:
+                t.switch_to_unaligned(switch)
 
     @property
     def next_id(self) -> int:
         """The id the next checkpoint of this coordinator would get."""
         return self._next_id
 
-    def pending_barrier(self) -> Barrier | None:
-        """The barrier of the periodic checkpoint in flight, if any."""
+    def pending_trigger(self) -> TriggerCheckpoint | None:
+        """The trigger of the periodic checkpoint in flight, if any."""
         p = self._pending
-        return None if p is None else Barrier(
-            p.id, p.trigger_time, unaligned=self.mode is CheckpointMode.UNALIGNED or p.switched)
+        return None if p is None else self._trigger_of(p)
 
-    def spawn_final_ack(self, task: Task, barrier: Barrier) -> None:
-        spawn = task.spawn
-        assert spawn is not None
-
-        async def ack() -> None:
-            await task.acknowledge_finished(barrier)
-
-        spawn(ack)
-
-    def task_finished(self, task: Task) -> None:
+    def task_finished(self, task: CheckpointParticipant) -> None:
         """A task has run its end of input. It owes every checkpoint in
         flight whose barrier it did not see an acknowledgement with its final
         state; once all tasks have finished, the final checkpoint is taken."""
-        key = (task.chain_index, task.subtask)
+        key = task.subtask_id
         self._finished.add(key)
         p = self._pending
-        if p is not None and key not in p.acks and not task.saw_barrier(p.id):
-            self.spawn_final_ack(task, Barrier(p.id, p.trigger_time))
+        if p is not None and key not in p.acks and not task.saw_checkpoint(p.id):
+            task.acknowledge_final_state(self._trigger_of(p))
         if len(self._finished) == len(self.tasks) and self._final is None:
             # The end of input is a final checkpoint, with an id above every
             # periodic one, so that a restore after the job finished resumes
@@ -297,8 +288,9 @@ class CheckpointCoordinator:
             n = self._next_id
             self._next_id += 1
             final = self._final = _Pending(n, time.time(), time.monotonic(), final=True)
+            trigger = TriggerCheckpoint(final.id, final.trigger_time, CheckpointOptions(self.mode))
             for t in self.tasks:
-                self.spawn_final_ack(t, Barrier(final.id, final.trigger_time))
+                t.acknowledge_final_state(trigger)
 
     @property
     def all_finished(self) -> bool:
@@ -306,6 +298,7 @@ class CheckpointCoordinator:
         return len(self._finished) == len(self.tasks)
 
     def stop(self) -> None:
+        """Trigger no more periodic checkpoints."""
         self._stopped = True
 
     async def wait_resumed(self) -> None:
@@ -320,14 +313,15 @@ class CheckpointCoordinator:
                 return p
         return None
 
-    async def acknowledge(self, task: Participant, checkpoint_id: int,
-                          snap: TaskSnapshot) -> None:
-        p = self._pending_for(checkpoint_id)
+    async def acknowledge(self, ack: AcknowledgeCheckpoint) -> None:
+        """A participant's snapshot for ``ack.checkpoint_id`` is durable; the
+        last acknowledgement completes the checkpoint. One for a checkpoint
+        no longer in flight (aborted meanwhile) is ignored: its files go
+        with its folder."""
+        p = self._pending_for(ack.checkpoint_id)
         if p is None:
-            return  # aborted meanwhile: its files go with its folder
-        key = (task.chain_index, task.subtask)
-        p.acks[key] = snap
-        p.parts[key] = {uid: SubtaskState.from_json(part) for uid, part in snap.operators.items()}
+            return
+        p.acks[ack.subtask] = ack
         if len(p.acks) == len(self.tasks):
             await self._complete(p)
 
@@ -366,20 +360,18 @@ class CheckpointCoordinator:
                 self.registry.register(p.id, (f.path for f in meta.files))
             self.completed.append(p.id)
             self.retained.append(p.id)
-            self.stats.append({
-                "checkpoint_id": p.id, "duration": meta.duration,
-                "alignment_duration": meta.alignment_duration,
-                "checkpointed_size": meta.checkpointed_size, "full_size": meta.full_size,
-                "unaligned": meta.unaligned, "switched": p.switched,
-                "channel_state_records": meta.channel_state_records,
-                "channel_state_bytes": meta.channel_state_size,
-            })
+            self.stats.append(CheckpointStats(
+                p.id, meta.duration, meta.alignment_duration, meta.checkpointed_size,
+                meta.full_size, unaligned=meta.unaligned, switched=p.switched,
+                channel_state_records=meta.channel_state_records,
+                channel_state_bytes=meta.channel_state_size))
             log.info("checkpoint %d complete in %.3f s", p.id, duration)
         fault_point("sink.before_commit")
         for uid, committables in by_sink.items():
             self.sinks[uid].commit(committables)
+        complete = NotifyCheckpointComplete(p.id)
         for t in self.tasks:
-            t.notify_checkpoint_complete(p.id)
+            t.notify_checkpoint_complete(complete)
         if self.storage is not None:
             await self._retain()
         p.done.set()
@@ -388,20 +380,23 @@ class CheckpointCoordinator:
     @staticmethod
     def _committables(p: _Pending) -> dict[str, list[Any]]:
         by_sink: dict[str, list[Any]] = {}
-        for parts in p.parts.values():
-            for uid, part in parts.items():
+        for ack in p.acks.values():
+            for uid, part in ack.state.operators.items():
                 if part.committables:
                     by_sink.setdefault(uid, []).extend(part.committables)
         return by_sink
 
-    def decline(self, checkpoint_id: int, reason: str) -> None:
-        """A task cannot acknowledge ``checkpoint_id`` (its snapshot was
-        abandoned): the checkpoint is aborted, the job goes on."""
-        p = self._pending_for(checkpoint_id)
+    def decline(self, decline: DeclineCheckpoint) -> None:
+        """A participant cannot acknowledge ``decline.checkpoint_id`` (its
+        snapshot was abandoned): the checkpoint is aborted, the job goes on."""
+        p = self._pending_for(decline.checkpoint_id)
         if p is not None:
-            self._abort(p, f"declined by {reason}", logging.INFO)
+            who = decline.subtask
+            self._abort(p, f"declined by subtask {who.subtask} of chain {who.chain_index}: "
+                        f"{decline.reason}", logging.INFO)
 
     def is_aborted(self, checkpoint_id: int) -> bool:
+        """Whether checkpoint ``checkpoint_id`` was aborted in this run."""
         return checkpoint_id in self.aborted
 
     def _abort(self, p: _Pending, reason: str, level: int = logging.WARNING) -> None:
@@ -411,8 +406,9 @@ class CheckpointCoordinator:
         if self._pending is p:
             self._pending = None
         self.aborted.append(p.id)
+        abort = AbortCheckpoint(p.id, reason)
         for t in self.tasks:
-            t.abort_checkpoint(p.id)
+            t.abort_checkpoint(abort)
         if self.storage is not None:
             self.storage.discard(p.id)
         p.done.set()
@@ -481,10 +477,10 @@ class CheckpointCoordinator:
         nodes = plan.graph.nodes
         subtasks: dict[str, dict[int, SubtaskState]] = {n.uid: {} for n in nodes}
         files: dict[str, FileHandle] = {}
-        for key, parts in sorted(p.parts.items()):
-            for uid, part in parts.items():
-                subtasks[uid][key[1]] = part
-            for h in p.acks[key].files:
+        for key, ack in sorted(p.acks.items()):
+            for uid, part in ack.state.operators.items():
+                subtasks[uid][key.subtask] = part
+            for h in ack.state.files:
                 files[h.path] = h
         full_size = sum(h.size for h in files.values())
         # Files an earlier retained checkpoint already references were not
@@ -500,7 +496,7 @@ class CheckpointCoordinator:
             trigger_time=p.trigger_time,
             completed_at=time.time(),
             duration=duration,
-            alignment_duration=max((s.alignment_duration for s in p.acks.values()),
+            alignment_duration=max((a.stats.alignment_duration for a in p.acks.values()),
                                    default=0.0),
             max_parallelism=plan.max_parallelism,
             operators={n.uid: OperatorState(n.kind, plan.parallelism[n.id], subtasks[n.uid])
@@ -511,13 +507,14 @@ class CheckpointCoordinator:
             full_size=full_size,
             lineage=self.lineage or None,
             base=self.base,
-            unaligned=any(s.unaligned for s in p.acks.values()),
-            channel_state_records=sum(s.channel_state_records for s in p.acks.values()),
-            channel_state_size=sum(s.channel_state_size for s in p.acks.values()),
-            tasks={f"{names[k]}[{k[1]}]": TaskStats(s.alignment_duration, s.sync_duration,
-                                                     s.async_duration)
-                   for k, s in sorted(p.acks.items())},
+            unaligned=any(a.stats.unaligned for a in p.acks.values()),
+            channel_state_records=sum(a.stats.channel_state_records for a in p.acks.values()),
+            channel_state_size=sum(a.stats.channel_state_bytes for a in p.acks.values()),
+            tasks={f"{names[k]}[{k.subtask}]": TaskStats(
+                a.stats.alignment_duration, a.stats.sync_duration, a.stats.async_duration)
+                for k, a in sorted(p.acks.items())},
         )
 
-    def tasks_by_key(self) -> dict[tuple[int, int], str]:
-        return {(t.chain_index, t.subtask): t.name for t in self.tasks}
+    def tasks_by_key(self) -> dict[SubtaskId, str]:
+        """Each participant's name, by its identity."""
+        return {t.subtask_id: t.name for t in self.tasks}

@@ -1,13 +1,9 @@
-"""The snapshot half of a task: mixed into ``Task`` as :class:`Snapshotting`.
+"""The snapshot half of a task, mixed into ``Task`` as :class:`Snapshotting`.
 
-When its inputs are ready for checkpoint ``n`` (``runtime/checkpointing/barriers.py``
-decides when), a task takes the synchronous phase of every operator's
-snapshot, forwards the barrier — behind its output, or ahead of it for an
-unaligned checkpoint, whose overtaken records it captures here — and writes
-the snapshot asynchronously: keyed state, a loop head's back-edge log, the
-channel state, then the acknowledgement to the coordinator. A finished task
-acknowledges later checkpoints with its final state; a restored task reads
-its operators' state and its source's position back (``_restore``).
+It takes the synchronous phase of every operator's snapshot, forwards the
+barrier (ahead of the output in flight for an unaligned checkpoint, whose
+overtaken records it captures), writes the snapshot asynchronously and
+acknowledges it (``AcknowledgeCheckpoint``, ``runtime/checkpointing/messages.py``).
 """
 
 from __future__ import annotations
@@ -16,9 +12,10 @@ import contextlib
 import math
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from eddyflow.checkpoint.metadata import BackEdgeLog, ChannelState, SubtaskState
 from eddyflow.checkpoint.storage import CheckpointStorage, FileHandle, checkpoint_dir_name
 from eddyflow.connectors.source import SourceReader
 from eddyflow.errors import StateSerializationError
@@ -30,13 +27,18 @@ from eddyflow.runtime.checkpointing.channel_state import (
     encode_batches,
     write_channel_state,
 )
-from eddyflow.runtime.checkpointing.coordinator import TaskSnapshot
+from eddyflow.runtime.checkpointing.messages import (
+    AcknowledgeCheckpoint,
+    DeclineCheckpoint,
+    SubtaskCheckpointStats,
+    SubtaskId,
+    TaskStateSnapshot,
+)
 from eddyflow.runtime.exchange.channel import InputGate
 from eddyflow.runtime.exchange.events import Barrier, RecordBatch
 from eddyflow.runtime.exchange.writers import RecordWriter
 from eddyflow.runtime.faults import fault_point
 from eddyflow.runtime.operators.base import Operator, OperatorSnapshot
-from eddyflow.runtime.time.valve import encode_watermark
 from eddyflow.state.abc import SnapshotAbandoned, SnapshotTarget
 
 if TYPE_CHECKING:
@@ -64,13 +66,12 @@ class Snapshotting:
     gate: InputGate | None
     reader: SourceReader | None
     source_uid: str | None
-    chain_index: int
+    subtask_id: SubtaskId
     subtask: int
     parallelism: int
     spawn: Callable[[Callable[[], Awaitable[None]]], None] | None
     barriers: BarrierHandler
     finished: bool
-    _final_position: Any
 
     def _init_snapshots(self) -> None:
         self._captured: dict[int, _Captured] = {}
@@ -78,6 +79,9 @@ class Snapshotting:
         self._snapshots: dict[int, dict[str, OperatorSnapshot | None]] = {}
         # Each operator's watermark at the synchronous phase of checkpoint n.
         self._snapshot_watermarks: dict[int, dict[str, float]] = {}
+        # The source's position at its end, recorded in every checkpoint
+        # this task acknowledges once finished.
+        self._final_position: Any = None
 
     # what Task provides
     def _serialization_failure(self, exc: StateSerializationError) -> BaseException:
@@ -86,16 +90,31 @@ class Snapshotting:
     def _operator_failure(self, op: Operator, exc: BaseException) -> BaseException:
         raise NotImplementedError
 
-    async def acknowledge_finished(self, barrier: Barrier) -> None:
-        """Acknowledge ``barrier``'s checkpoint with this finished task's
-        final state (sources at their end, keyed state as it ended, pending
-        sink transactions)."""
-        n = barrier.checkpoint_id
+    # -- the barrier handler's callbacks (CheckpointHost) ----------------------
+
+    def spawn_write(self, write: Callable[[], Awaitable[None]]) -> None:
+        """Run a snapshot's asynchronous write in the job's task group."""
+        if self.spawn is not None:
+            self.spawn(write)
+
+    def state_error(self, exc: StateSerializationError) -> BaseException:
+        """``exc`` (a record that cannot be pickled) as this task's failure."""
+        return self._serialization_failure(exc)
+
+    async def _acknowledge_finished(self, n: int) -> None:
+        """Acknowledge checkpoint ``n`` with this finished task's final state
+        (sources at their end, keyed state as it ended, pending sink
+        transactions)."""
         coordinator = self.coordinator
         assert coordinator is not None and self.finished
         self.barriers.mark_done(n)
         snaps = self._snapshot_operators(n)
         await self._write_and_ack(n, snaps, self._final_position, 0.0, 0.0)
+
+    def _keep_final_position(self, position: Any) -> None:
+        """The input has ended at ``position`` (a source's; ``None`` for a
+        task with inputs): the final state's acknowledgements record it."""
+        self._final_position = position
 
     @property
     def state_owner(self) -> str:
@@ -103,7 +122,13 @@ class Snapshotting:
         or the first operator of its chain."""
         return str(self.source_uid) if self.reader is not None else self.operators[0].uid
 
-    def _capture(self, n: int, overtaken: dict[str, list[RecordBatch]]) -> None:
+    def _capture(self, n: int, overtaken: dict[str, list[RecordBatch]],
+                 *, unaligned: bool = False) -> None:
+        """Keep what barrier ``n`` overtook on the outputs as channel state;
+        ``unaligned``: the checkpoint is taken unaligned here from now on
+        (a barrier being forwarded aligned was switched)."""
+        if unaligned:
+            self._unaligned_ids.add(n)
         cap = self._captured.setdefault(n, _Captured())
         try:
             for key, batches in overtaken.items():
@@ -206,7 +231,7 @@ class Snapshotting:
             self._cancel_snapshots(snaps)
             coordinator = self.coordinator
             if coordinator is not None:
-                coordinator.decline(n, f"subtask {self.subtask} of chain {self.chain_index}: {exc}")
+                coordinator.decline(DeclineCheckpoint(n, self.subtask_id, str(exc)))
         except OSError:
             self._cancel_snapshots(snaps)
             coordinator = self.coordinator
@@ -225,6 +250,16 @@ class Snapshotting:
             self._captured.pop(n, None)
             self._unaligned_ids.discard(n)
 
+    def _forget_checkpoint(self, n: int) -> None:
+        """Checkpoint ``n`` was aborted: its snapshots still being written
+        stop, and nothing taken for it is kept."""
+        self._captured.pop(n, None)
+        self._unaligned_ids.discard(n)
+        self._snapshot_watermarks.pop(n, None)
+        snaps = self._snapshots.pop(n, None)
+        if snaps is not None:
+            self._cancel_snapshots(snaps)
+
     @staticmethod
     def _cancel_snapshots(snaps: dict[str, OperatorSnapshot | None]) -> None:
         for snap in snaps.values():
@@ -238,18 +273,16 @@ class Snapshotting:
         assert coordinator is not None
         storage = coordinator.storage
         t0 = time.monotonic()
-        parts: dict[str, dict[str, Any]] = {}
+        parts: dict[str, SubtaskState] = {}
         files: list[FileHandle] = []
         if self.source_uid is not None:
-            parts[self.source_uid] = {"source": position}
+            parts[self.source_uid] = SubtaskState(is_source=True, position=position)
         if storage is not None:
             fault_point("snapshot.async_write")
         watermarks = self._snapshot_watermarks.get(n, {})
         for uid in snaps:
-            part = parts.setdefault(uid, {})
-            if uid in watermarks:
-                # The operator's event time at the barrier (metadata `extra`).
-                part["watermark"] = encode_watermark(watermarks[uid])
+            # The operator's event time at the barrier, if it has any yet.
+            parts[uid] = SubtaskState(watermark=watermarks.get(uid))
         # The records in flight and the keyed state go to the writer process
         # together, without a task per part: each round trip, and a task's
         # start and end, wait for turns of a busy loop (the deep pipeline of
@@ -262,28 +295,33 @@ class Snapshotting:
                 await flight  # under way: let it land or fail before giving up
             raise
         state_records, state_size = await flight
-        await coordinator.acknowledge(self, n, TaskSnapshot(
-            parts, files, alignment, sync_duration, time.monotonic() - t0,
-            unaligned=n in self._unaligned_ids, channel_state_records=state_records,
-            channel_state_size=state_size))
+        await coordinator.acknowledge(AcknowledgeCheckpoint(
+            n, self.subtask_id, TaskStateSnapshot(parts, tuple(files)),
+            SubtaskCheckpointStats(
+                alignment, sync_duration, time.monotonic() - t0,
+                unaligned=n in self._unaligned_ids, channel_state_records=state_records,
+                channel_state_bytes=state_size)))
 
     @staticmethod
     async def _keyed_files(snaps: dict[str, OperatorSnapshot | None],
-                           parts: dict[str, dict[str, Any]], files: list[FileHandle]) -> None:
+                           parts: dict[str, SubtaskState], files: list[FileHandle]) -> None:
         for uid, snap in snaps.items():
             if snap is None:
                 continue
-            part = parts.setdefault(uid, {})
+            keyed = None
             if snap.keyed is not None:
                 keyed = await snap.keyed.write()
                 files.extend(keyed.file_handles())
-                part["keyed"] = keyed.to_json()
+            part = parts.get(uid, SubtaskState())  # read after the write's await
+            if keyed is not None:
+                part = replace(part, keyed=keyed)
             if snap.committables:
-                part["committables"] = snap.committables
+                part = replace(part, committables=tuple(snap.committables))
+            parts[uid] = part
 
     def _start_in_flight_files(self, n: int, storage: CheckpointStorage | None,
                                backlog: ChannelStateLog | None,
-                               parts: dict[str, dict[str, Any]], files: list[FileHandle]
+                               parts: dict[str, SubtaskState], files: list[FileHandle]
                                ) -> Coroutine[Any, Any, tuple[int, int]]:
         """Start writing checkpoint ``n``'s records in flight: a loop head's
         back-edge log, and the channel state of an unaligned checkpoint (the
@@ -327,15 +365,15 @@ class Snapshotting:
                     head, logged, pending = backedge
                     log_handle = await pending
                     files.append(log_handle)
-                    parts.setdefault(head, {})["backedge"] = {"file": log_handle.to_json(),
-                                                              "records": logged}
+                    parts[head] = replace(parts.get(head, SubtaskState()),
+                                          backedge=BackEdgeLog(log_handle, logged))
             finally:
                 handle = await channel_state if channel_state is not None else None
             if handle is None:
                 return 0, 0
             files.append(handle)
-            parts.setdefault(owner, {})["channel_state"] = {
-                "file": handle.to_json(), "inputs": in_counts, "outputs": out_counts}
+            parts[owner] = replace(parts.get(owner, SubtaskState()),
+                                   channel_state=ChannelState(handle, in_counts, out_counts))
             return sum(in_counts.values()) + sum(out_counts.values()), handle.size
 
         return written()

@@ -17,7 +17,6 @@ from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.keygroups import key_group_range
 from eddyflow.runtime.checkpointing.backedge_log import Logged, read_backedge_batches
 from eddyflow.runtime.checkpointing.channel_state import read_channel_state
-from eddyflow.runtime.time.valve import decode_watermark
 
 __all__ = ["RestoredCheckpoint"]
 
@@ -227,10 +226,9 @@ class RestoredCheckpoint:
             old = key_group_range(s, mp, op.parallelism)
             if old.stop <= key_groups.start or old.start >= key_groups.stop:
                 continue
-            v = part.extra.get("watermark")
-            if v is None:
+            if part.watermark is None:
                 return None  # that one had no event time yet: -inf
-            found.append(decode_watermark(v))
+            found.append(part.watermark)
         return min(found) if found else None
 
     def keyed_kinds(self, uid: str) -> dict[str, str]:

@@ -34,18 +34,9 @@ if TYPE_CHECKING:
     from eddyflow.runtime.exchange.writers import RecordWriter
     from eddyflow.runtime.operators.base import Operator
 
-__all__ = ["EventTime", "WatermarkValve", "decode_watermark", "encode_watermark"]
+__all__ = ["EventTime", "WatermarkValve"]
 
 _INF = math.inf
-
-
-def encode_watermark(w: float) -> float | str:
-    """JSON has no infinities: ``+inf`` is written as ``"inf"``."""
-    return w if math.isfinite(w) else ("inf" if w > 0 else "-inf")
-
-
-def decode_watermark(v: Any) -> float:
-    return float(v)
 
 
 class WatermarkValve:
