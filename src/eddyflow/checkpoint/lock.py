@@ -23,13 +23,12 @@ import time
 import weakref
 from types import TracebackType
 
+from eddyflow.checkpoint.layout import CheckpointLayout
 from eddyflow.errors import CheckpointFolderInUse
 
-__all__ = ["LOCK_FILE", "FolderLock"]
+__all__ = ["FolderLock"]
 
 log = logging.getLogger("eddyflow.checkpoint.listing")
-
-LOCK_FILE = "_lock"
 
 #: Descriptors of the locks this process holds, closed in forked children.
 _held: weakref.WeakSet[FolderLock] = weakref.WeakSet()
@@ -68,8 +67,9 @@ class FolderLock:
     to :meth:`release` (or the end of a ``with`` block)."""
 
     def __init__(self, folder: str | os.PathLike[str], job: str = "") -> None:
-        self.folder = os.path.abspath(os.fspath(folder))
-        self.path = os.path.join(self.folder, LOCK_FILE)
+        layout = CheckpointLayout(folder)
+        self.folder = layout.root
+        self.path = layout.lock
         self.job = job
         self._fd: int | None = None
 

@@ -62,9 +62,12 @@ import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eddyflow.errors import EddyflowError
+
+if TYPE_CHECKING:
+    from eddyflow.offline.checkpoint import CheckpointRef
 
 __all__ = ["ExecutorDependencyMissing", "import_on_executor", "ship_to_executors",
            "shipped"]
@@ -98,11 +101,11 @@ def shipped(spark: Any) -> frozenset[str]:
 
 
 def ship_to_executors(spark: Any, job: str | os.PathLike[str] | ModuleType | None = None, *,
-                      checkpoint: Any = None, rocksdb: bool = False) -> None:
+                      checkpoint: CheckpointRef | None = None, rocksdb: bool = False) -> None:
     """Make eddyflow, the modules of ``job`` (a job file's path or its
-    loaded module) and, if ``checkpoint`` (a path or ``CheckpointRef``)
-    holds RocksDB state or ``rocksdb`` says the executors will write some
-    (``bootstrap``), ``rocksdict`` available to the executors of
+    loaded module) and, if ``checkpoint`` holds RocksDB state or
+    ``rocksdb`` says the executors will write some (``bootstrap``),
+    ``rocksdict`` available to the executors of
     ``spark`` (a SparkSession or SparkContext). Anything already shipped to
     this SparkContext is not shipped again."""
     sc = getattr(spark, "sparkContext", spark)
@@ -126,7 +129,7 @@ def ship_to_executors(spark: Any, job: str | os.PathLike[str] | ModuleType | Non
                          ", ".join(jobs.extras), sc.applicationId,
                          os.path.basename(jobs.path), jobs.size // 1024)
         if "native:rocksdict" not in done and (
-                rocksdb or (checkpoint is not None and _uses_rocksdb(checkpoint))):
+                rocksdb or (checkpoint is not None and "rocksdb" in checkpoint.backends)):
             native = _native_bundle("rocksdict")
             if native is None:
                 log.warning("cannot ship rocksdict (not installed on the driver): the "
@@ -167,14 +170,6 @@ def _job_module(job: str | os.PathLike[str] | ModuleType) -> ModuleType | None:
         if f and os.path.abspath(f) == path:
             return mod
     return None
-
-
-def _uses_rocksdb(checkpoint: Any) -> bool:
-    from eddyflow.offline.checkpoint import CheckpointRef, open_checkpoint
-
-    ref = checkpoint if isinstance(checkpoint, CheckpointRef) else open_checkpoint(checkpoint)
-    return any(part.keyed is not None and part.keyed.backend == "rocksdb"
-               for op in ref.meta.operators.values() for part in op.subtasks.values())
 
 
 # --- building the zips (driver side) -------------------------------------------------
