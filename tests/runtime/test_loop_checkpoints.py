@@ -78,9 +78,9 @@ from job_support import Pace, StateBackendFactory, keyed_backends, mode_options,
 
 import eddyflow as ef
 from eddyflow.runtime import faults
+from eddyflow.runtime import job as job_module
 from eddyflow.runtime import task as task_module
 from eddyflow.runtime.exchange.feedback import FeedbackChannel
-from eddyflow.runtime import job as job_module
 from eddyflow.runtime.recovery.restore import RestoredCheckpoint
 
 # The property test's records: key, value, rounds left, inner rounds left, as a
