@@ -10,7 +10,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from eddyflow.checkpoint.storage import METADATA, CheckpointStorage, FileHandle, _checksum_of
+from eddyflow.checkpoint.layout import METADATA
+from eddyflow.checkpoint.storage import CheckpointStorage, FileHandle, _checksum_of
 from eddyflow.offline.checkpoint import keyed_files, open_checkpoint, read_keyed_file
 from eddyflow.state.format import encode_frames
 

@@ -29,7 +29,7 @@ from eddyflow.checkpoint.storage import CheckpointStorage
 from eddyflow.cli.main import main
 from eddyflow.jobfile import build_environment
 from eddyflow.offline import BootstrapError, bootstrap, open_checkpoint, validate
-from eddyflow.offline.bootstrap import _python
+from eddyflow.offline.bootstrap_executors import spark_to_python as _python
 
 WORDCOUNT = EXAMPLES / "wordcount.py"
 JOBS = Path(__file__).parent / "jobs"

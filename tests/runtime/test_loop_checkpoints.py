@@ -78,9 +78,9 @@ from job_support import Pace, StateBackendFactory, keyed_backends, mode_options,
 
 import eddyflow as ef
 from eddyflow.runtime import faults
+from eddyflow.runtime import job as job_module
 from eddyflow.runtime import task as task_module
 from eddyflow.runtime.exchange.feedback import FeedbackChannel
-from eddyflow.runtime.job import JobRunner
 from eddyflow.runtime.recovery.restore import RestoredCheckpoint
 
 # The property test's records: key, value, rounds left, inner rounds left, as a
@@ -292,13 +292,13 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> Spy:
                              sum(len(records) for records, _ in out)))
         return out
 
-    orig_reinject = JobRunner._reinject_backedge_logs
+    orig_reinject = job_module.reinject_backedge_logs
     orig_put = FeedbackChannel.put
 
-    async def reinject(self: JobRunner) -> None:
+    async def reinject(restored: RestoredCheckpoint, tasks: Any) -> None:
         s.reinjecting = True  # nothing else runs yet: the tasks start after
         try:
-            await orig_reinject(self)
+            await orig_reinject(restored, tasks)
         finally:
             s.reinjecting = False
 
@@ -309,7 +309,7 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> Spy:
 
     monkeypatch.setattr(task_module.Task, "__init__", init)
     monkeypatch.setattr(RestoredCheckpoint, "backedge_batches", backedge_batches)
-    monkeypatch.setattr(JobRunner, "_reinject_backedge_logs", reinject)
+    monkeypatch.setattr(job_module, "reinject_backedge_logs", reinject)
     monkeypatch.setattr(FeedbackChannel, "put", put)
     return s
 

@@ -24,6 +24,7 @@ import pytest
 
 import eddyflow as ef
 from eddyflow.checkpoint.handles import KeyedStateHandle
+from eddyflow.checkpoint.layout import METADATA, checkpoint_dir_name, parse_checkpoint_dir
 from eddyflow.checkpoint.metadata import (
     BackEdgeLog,
     CheckpointMetadata,
@@ -31,13 +32,10 @@ from eddyflow.checkpoint.metadata import (
     read_checkpoint,
 )
 from eddyflow.checkpoint.storage import (
-    METADATA,
     CheckpointCorrupted,
     CheckpointStorage,
     FileHandle,
     _checksum_of,
-    checkpoint_dir_name,
-    parse_checkpoint_dir,
 )
 from eddyflow.offline.checkpoint import keyed_files, open_checkpoint, read_keyed_file
 from eddyflow.runtime.recovery.restore import RestoredCheckpoint
@@ -127,7 +125,7 @@ def test_rewriting_the_model_gives_the_bytes_on_disk(checkpoints: Path, tmp_path
     for n in storage.completed_ids():
         meta = read_checkpoint(storage, n)
         path = asyncio.run(again.write_metadata(n, meta.to_json()))
-        on_disk = Path(storage.checkpoint_dir(n), METADATA).read_bytes()
+        on_disk = Path(storage.layout.checkpoint_dir(n), METADATA).read_bytes()
         assert Path(path).read_bytes() == on_disk, f"checkpoint {n}"
 
 

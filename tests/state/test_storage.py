@@ -21,12 +21,8 @@ from typing import Any
 import pytest
 
 from eddyflow.checkpoint import storage as storage_module
-from eddyflow.checkpoint.storage import (
-    METADATA,
-    CheckpointCorrupted,
-    CheckpointStorage,
-    FileHandle,
-)
+from eddyflow.checkpoint.layout import METADATA
+from eddyflow.checkpoint.storage import CheckpointCorrupted, CheckpointStorage, FileHandle
 
 
 @pytest.fixture
@@ -125,7 +121,7 @@ def test_metadata_round_trip_and_verify(storage: CheckpointStorage) -> None:
     assert meta["files"] == [handle.to_json()]
     assert "checksum" in meta and "format_version" in meta
     assert storage.verify(3) == meta
-    names = os.listdir(storage.checkpoint_dir(3))
+    names = os.listdir(storage.layout.checkpoint_dir(3))
     assert sorted(names) == [METADATA, "op-0"]  # no temporary file left
 
 
@@ -137,7 +133,7 @@ def test_metadata_missing(storage: CheckpointStorage) -> None:
 
 def test_metadata_truncated(storage: CheckpointStorage) -> None:
     complete(storage, 1)
-    path = Path(storage.checkpoint_dir(1), METADATA)
+    path = Path(storage.layout.checkpoint_dir(1), METADATA)
     path.write_bytes(path.read_bytes()[:-20])
     with pytest.raises(CheckpointCorrupted) as info:
         storage.read_metadata(1)
@@ -146,7 +142,7 @@ def test_metadata_truncated(storage: CheckpointStorage) -> None:
 
 def test_metadata_altered_but_valid_json_fails_its_checksum(storage: CheckpointStorage) -> None:
     complete(storage, 1)
-    path = Path(storage.checkpoint_dir(1), METADATA)
+    path = Path(storage.layout.checkpoint_dir(1), METADATA)
     meta = json.loads(path.read_text())
     meta["note"] = "tampered"
     path.write_text(json.dumps(meta))
@@ -157,8 +153,8 @@ def test_metadata_altered_but_valid_json_fails_its_checksum(storage: CheckpointS
 @pytest.mark.parametrize("content", [b"", b"[]", b"null", b"\xff\xfe\x00garbage", b"{}"])
 def test_metadata_garbage_is_corrupted_not_a_crash(storage: CheckpointStorage,
                                                     content: bytes) -> None:
-    os.makedirs(storage.checkpoint_dir(1))
-    Path(storage.checkpoint_dir(1), METADATA).write_bytes(content)
+    os.makedirs(storage.layout.checkpoint_dir(1))
+    Path(storage.layout.checkpoint_dir(1), METADATA).write_bytes(content)
     with pytest.raises(CheckpointCorrupted):
         storage.read_metadata(1)
     assert storage.latest_valid() is None
@@ -166,7 +162,7 @@ def test_metadata_garbage_is_corrupted_not_a_crash(storage: CheckpointStorage,
 
 def test_metadata_of_another_format_version_is_rejected(storage: CheckpointStorage) -> None:
     complete(storage, 1)
-    path = Path(storage.checkpoint_dir(1), METADATA)
+    path = Path(storage.layout.checkpoint_dir(1), METADATA)
     meta = json.loads(path.read_text())
     meta["format_version"] = 999
     meta["checksum"] = storage_module._checksum_of(meta)
@@ -216,7 +212,7 @@ def test_latest_valid_skips_damaged_checkpoints_with_a_warning(
     complete(storage, 4)
     write(storage, "chk-5/op-0/keyed-state", b"half-written")  # no metadata
     # 4: truncated metadata; 3: a flipped byte in its state file.
-    meta4 = Path(storage.checkpoint_dir(4), METADATA)
+    meta4 = Path(storage.layout.checkpoint_dir(4), METADATA)
     meta4.write_bytes(meta4.read_bytes()[:10])
     flip_byte(Path(storage.root, h3.path))
     with caplog.at_level(logging.WARNING, logger="eddyflow.checkpoint.listing"):
@@ -251,7 +247,7 @@ def test_clean_incomplete(storage: CheckpointStorage) -> None:
     complete(storage, 1)
     write(storage, "chk-2/op-0/keyed-state", b"half")
     write(storage, "chk-3/op-0/keyed-state", b"in progress")
-    os.makedirs(storage.checkpoint_dir(4))  # empty
+    os.makedirs(storage.layout.checkpoint_dir(4))  # empty
     Path(storage.root, "shared", "sst-1").write_bytes(b"shared file")
     removed = storage.clean_incomplete(keep={3})
     assert sorted(removed) == [2, 4]
@@ -266,7 +262,7 @@ def test_discard(storage: CheckpointStorage) -> None:
     complete(storage, 1)
     complete(storage, 2)
     storage.discard(1)
-    assert not os.path.exists(storage.checkpoint_dir(1))
+    assert not os.path.exists(storage.layout.checkpoint_dir(1))
     assert storage.completed_ids() == [2]
     storage.discard(1)  # again: a no-op
     storage.discard(77)  # never existed

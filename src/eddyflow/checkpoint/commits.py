@@ -25,7 +25,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,10 +34,8 @@ from eddyflow.checkpoint.writer import FileWrite
 from eddyflow.checkpoint.writer_main import write_durably
 
 __all__ = [
-    "COMMITS_DIR",
     "CommitRecord",
     "commit_record_ids",
-    "commit_record_path",
     "commit_record_write",
     "mark_superseded",
     "next_checkpoint_id",
@@ -46,9 +43,6 @@ __all__ = [
     "remove_commit_records_before",
     "write_commit_record",
 ]
-
-COMMITS_DIR = "_commits"
-_RECORD = re.compile(r"chk-(0|[1-9][0-9]*)\.json")
 
 
 @dataclass(frozen=True)
@@ -92,17 +86,14 @@ def _checksum(body: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-def commit_record_path(storage: CheckpointStorage, checkpoint_id: int) -> str:
-    return os.path.join(storage.root, COMMITS_DIR, f"chk-{checkpoint_id}.json")
-
-
 def commit_record_ids(storage: CheckpointStorage) -> list[int]:
     """Ids of the checkpoints with a commit record, ascending."""
     try:
-        names = os.listdir(os.path.join(storage.root, COMMITS_DIR))
+        names = os.listdir(storage.layout.commits_dir)
     except FileNotFoundError:
         return []
-    return sorted(int(m.group(1)) for name in names if (m := _RECORD.fullmatch(name)))
+    return sorted(n for name in names
+                  if (n := storage.layout.parse_commit_record(name)) is not None)
 
 
 def read_commit_records(storage: CheckpointStorage, *, after: int = -1
@@ -114,7 +105,7 @@ def read_commit_records(storage: CheckpointStorage, *, after: int = -1
     for n in commit_record_ids(storage):
         if n <= after:
             continue
-        path = commit_record_path(storage, n)
+        path = storage.layout.commit_record(n)
         try:
             with open(path, "rb") as f:
                 data = f.read()
@@ -130,7 +121,7 @@ def commit_record_write(storage: CheckpointStorage, record: CommitRecord) -> Fil
     """``record``'s file (its folder entry included), for
     :meth:`~eddyflow.checkpoint.storage.CheckpointStorage.write_all`: the sinks
     may commit once it is written."""
-    return storage.small_write(os.path.join(COMMITS_DIR, f"chk-{record.checkpoint_id}.json"),
+    return storage.small_write(storage.layout.commit_record_file(record.checkpoint_id),
                                record.to_bytes())
 
 
@@ -142,7 +133,7 @@ async def write_commit_record(storage: CheckpointStorage, record: CommitRecord) 
 
 def mark_superseded(storage: CheckpointStorage, record: CommitRecord) -> None:
     """Rewrite ``record`` as taken back (atomically, durably)."""
-    path = commit_record_path(storage, record.checkpoint_id)
+    path = storage.layout.commit_record(record.checkpoint_id)
     write_durably(path, [dataclasses.replace(record, superseded=True).to_bytes()],
                   sync_after=[os.path.dirname(path)])
 
@@ -153,7 +144,7 @@ def remove_commit_records_before(storage: CheckpointStorage, checkpoint_id: int)
     for n in commit_record_ids(storage):
         if n < checkpoint_id:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(commit_record_path(storage, n))
+                os.unlink(storage.layout.commit_record(n))
 
 
 def next_checkpoint_id(storage: CheckpointStorage) -> int:

@@ -10,7 +10,7 @@ from functools import cached_property
 from typing import Any
 
 from eddyflow.checkpoint.metadata import CheckpointMetadata
-from eddyflow.checkpoint.storage import METADATA, CheckpointCorrupted, CheckpointStorage
+from eddyflow.checkpoint.storage import CheckpointCorrupted, CheckpointStorage
 
 __all__ = ["CheckpointInfo", "list_checkpoints"]
 
@@ -76,7 +76,7 @@ def list_checkpoints(directory: str | os.PathLike[str], *,
                 verified, problem = False, _relative(str(exc), storage.root)
         out.append(CheckpointInfo(
             id=n,
-            path=storage.checkpoint_dir(n),
+            path=storage.layout.checkpoint_dir(n),
             completed_at=meta.completed_at,
             duration=meta.duration,
             alignment_duration=meta.alignment_duration,
@@ -93,9 +93,9 @@ def list_checkpoints(directory: str | os.PathLike[str], *,
 
 def _broken(storage: CheckpointStorage, n: int, problem: str) -> CheckpointInfo:
     """A checkpoint whose metadata cannot be read: what is known of it."""
-    path = storage.checkpoint_dir(n)
+    path = storage.layout.checkpoint_dir(n)
     try:
-        when = os.stat(os.path.join(path, METADATA)).st_mtime
+        when = os.stat(storage.layout.metadata(n)).st_mtime
     except OSError:
         when = 0.0
     return CheckpointInfo(id=n, path=path, completed_at=when, duration=0.0,

@@ -24,13 +24,12 @@ import time
 import weakref
 from types import TracebackType
 
+from eddyflow.checkpoint.layout import CheckpointLayout
 from eddyflow.errors import CheckpointFolderInUse
 
-__all__ = ["LOCK_FILE", "FileLock", "FolderLock"]
+__all__ = ["FileLock", "FolderLock"]
 
 log = logging.getLogger("eddyflow.checkpoint.listing")
-
-LOCK_FILE = "_lock"
 
 #: The locks this process holds, their descriptors closed in forked children.
 _held: weakref.WeakSet[FileLock] = weakref.WeakSet()
@@ -126,8 +125,9 @@ class FolderLock:
     to :meth:`release` (or the end of a ``with`` block)."""
 
     def __init__(self, folder: str | os.PathLike[str], job: str = "") -> None:
-        self.folder = os.path.abspath(os.fspath(folder))
-        self.path = os.path.join(self.folder, LOCK_FILE)
+        layout = CheckpointLayout(folder)
+        self.folder = layout.root
+        self.path = layout.lock
         self.job = job
         self._lock = FileLock(self.path)
 

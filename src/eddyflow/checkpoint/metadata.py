@@ -18,13 +18,12 @@ state of metadata format 1 (one full file per subtask) is read by
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from eddyflow.checkpoint.handles import KeyedStateHandle, StateFile
-from eddyflow.checkpoint.storage import METADATA, CheckpointCorrupted, CheckpointStorage, FileHandle
+from eddyflow.checkpoint.storage import CheckpointCorrupted, CheckpointStorage, FileHandle
 
 __all__ = [
     "BackEdgeLog",
@@ -395,5 +394,5 @@ def read_checkpoint(storage: CheckpointStorage, checkpoint_id: int, *,
     try:
         return CheckpointMetadata.from_json(raw)
     except ValueError as exc:
-        path = os.path.join(storage.checkpoint_dir(checkpoint_id), METADATA)
+        path = storage.layout.metadata(checkpoint_id)
         raise CheckpointCorrupted(f"{path}: {exc}") from exc

@@ -18,23 +18,26 @@ import logging
 import os
 from collections.abc import Iterable
 
-__all__ = ["SHARED", "SharedStateRegistry"]
+from eddyflow.checkpoint.layout import SHARED, CheckpointLayout
+
+__all__ = ["SharedStateRegistry"]
 
 log = logging.getLogger("eddyflow.checkpoint.listing")
 
-SHARED = "shared"
-
 
 class SharedStateRegistry:
-    def __init__(self, root: str) -> None:
-        self.root = root
+    """Which retained checkpoint references which file of ``shared/``, in
+    the checkpoint folder of ``layout``."""
+
+    def __init__(self, layout: CheckpointLayout) -> None:
+        self.layout = layout
         self._by_checkpoint: dict[int, frozenset[str]] = {}
         self._counts: dict[str, int] = {}
 
     @staticmethod
     def is_shared(path: str) -> bool:
         """Whether ``path`` (relative to the root) lies in ``shared/``."""
-        return path.startswith(SHARED + "/")
+        return CheckpointLayout.is_shared_file(path)
 
     def register(self, checkpoint_id: int, paths: Iterable[str]) -> None:
         """Checkpoint ``checkpoint_id`` completed (or was found on disk)
@@ -60,7 +63,7 @@ class SharedStateRegistry:
     def collect_garbage(self) -> list[str]:
         """Delete every file of ``shared/`` that no registered checkpoint
         references (call only while no checkpoint is in flight)."""
-        folder = os.path.join(self.root, SHARED)
+        folder = self.layout.shared_dir
         try:
             names = os.listdir(folder)
         except FileNotFoundError:

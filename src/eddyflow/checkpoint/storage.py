@@ -1,12 +1,5 @@
-"""Checkpoint storage on a local folder (docs/concepts/checkpoints.md, What a checkpoint holds).
-
-```
-<dir>/
-  shared/                 files referenced by several checkpoints (incremental RocksDB state)
-  chk-<n>/
-    _metadata             JSON, written last by atomic rename; checksums of every file
-    <operator>-<subtask>/ private state files, back-edge logs, channel state
-```
+"""Checkpoint storage on a local folder (docs/concepts/checkpoints.md, What a checkpoint holds);
+where each file lives is :class:`~eddyflow.checkpoint.layout.CheckpointLayout`'s.
 
 Every file is written to a temporary name, fsynced, renamed, and its folder
 fsynced, so a crash leaves either the old state or the new one, never half a
@@ -24,7 +17,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, ParamSpec, TypeVar
@@ -34,41 +26,21 @@ import anyio
 import anyio.lowlevel
 
 from eddyflow.checkpoint.durable import fsync_dir
+from eddyflow.checkpoint.layout import (
+    COMMITS,
+    SHARED,
+    CheckpointLayout,
+    parse_checkpoint_dir,
+    temp_name,
+)
 from eddyflow.checkpoint.writer import FileWrite, WriterProcess
-from eddyflow.checkpoint.writer_main import remove, seal_durably, temp_name, write_durably
+from eddyflow.checkpoint.writer_main import remove, seal_durably, write_durably
 
-__all__ = [
-    "METADATA",
-    "CheckpointCorrupted",
-    "CheckpointStorage",
-    "FileHandle",
-    "checkpoint_dir_name",
-    "parse_checkpoint_dir",
-]
+__all__ = ["CheckpointCorrupted", "CheckpointStorage", "FileHandle"]
 
 log = logging.getLogger("eddyflow.checkpoint.listing")
 
-METADATA = "_metadata"
 FORMAT_VERSION = 1
-# Only the names checkpoint_dir_name gives (ASCII digits, no leading zero):
-# "chk-07" would parse to 7, whose folder is "chk-7", another folder.
-_CHECKPOINT_DIR = re.compile(r"chk-(0|[1-9][0-9]*)")
-
-
-def checkpoint_dir_name(checkpoint_id: int) -> str:
-    """The folder name of checkpoint ``checkpoint_id``: ``chk-<n>``."""
-    if checkpoint_id < 0:
-        raise ValueError(f"a checkpoint id is a whole number >= 0, not {checkpoint_id!r}")
-    return f"chk-{checkpoint_id}"
-
-
-def parse_checkpoint_dir(name_or_path: str | os.PathLike[str]) -> int | None:
-    """The id of a checkpoint folder, given its name or path (``…/chk-12``
-    or ``…/chk-12/``: 12), or ``None`` if it is not named as
-    :func:`checkpoint_dir_name` names one."""
-    name = os.path.basename(os.path.normpath(os.fspath(name_or_path)))
-    match = _CHECKPOINT_DIR.fullmatch(name)
-    return int(match.group(1)) if match else None
 
 
 #: Files verified by this process: absolute path -> (inode, size, mtime,
@@ -152,8 +124,14 @@ def _check(path: str, size: int, sha256: str, handle: FileHandle) -> None:
 
 
 class CheckpointStorage:
+    """The checkpoints of one folder: writing their files durably, reading
+    and verifying them, listing and removing them. ``root`` (absolute) names
+    the folder: two storages are the same folder when their roots are
+    equal; ``layout`` says where each file lives in it."""
+
     def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = os.path.abspath(os.fspath(root))
+        self.layout = CheckpointLayout(root)
+        self.root = self.layout.root
         #: Set while a job runs: the helper process that does the writes
         #: (see :mod:`eddyflow.checkpoint.writer`); without it they are done here.
         self.writer: WriterProcess | None = None
@@ -162,15 +140,13 @@ class CheckpointStorage:
         writer = self.writer
         return writer if writer is not None and writer.running else None
 
-    # -- layout ----------------------------------------------------------------
-
-    def checkpoint_dir(self, checkpoint_id: int) -> str:
-        return os.path.join(self.root, checkpoint_dir_name(checkpoint_id))
+    # -- the folder ------------------------------------------------------------
 
     def ensure(self) -> None:
+        """Create the folder and its ``shared/`` and ``_commits/`` folders."""
         created = False
-        for sub in ("shared", "_commits"):
-            path = os.path.join(self.root, sub)
+        for sub in (SHARED, COMMITS):
+            path = self.layout.path(sub)
             if not os.path.isdir(path):
                 os.makedirs(path, exist_ok=True)
                 created = True
@@ -195,7 +171,7 @@ class CheckpointStorage:
         :mod:`eddyflow.checkpoint.writer`). Without one, small files are written
         inline (see ``INLINE_WRITE_LIMIT``) and a large one in one call off
         the loop."""
-        path = os.path.join(self.root, relpath)
+        path = self.layout.path(relpath)
         writer = self._running_writer()
         if writer is not None:
             size, sha = await writer.write(path, list(chunks))
@@ -216,7 +192,7 @@ class CheckpointStorage:
         writer = self._running_writer()
         if writer is None:
             return self.write_file(relpath, chunks)
-        written = writer.start_write(os.path.join(self.root, relpath), list(chunks))
+        written = writer.start_write(self.layout.path(relpath), list(chunks))
 
         async def handle() -> FileHandle:
             size, sha = await written
@@ -229,7 +205,7 @@ class CheckpointStorage:
         root), for the caller to write in full, close and hand to
         :meth:`seal` (or delete): for a large file encoded straight into it
         rather than held in memory and copied through the writer's pipe."""
-        path = os.path.join(self.root, relpath)
+        path = self.layout.path(relpath)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = temp_name(path)
         return tmp, open(tmp, "wb")
@@ -238,7 +214,7 @@ class CheckpointStorage:
         """Make the file written at ``tmp`` (see :meth:`open_temp`) durable
         under ``relpath``, as :meth:`write_file` would have written it; its
         handle, with the size and SHA-256 read back from the file."""
-        path = os.path.join(self.root, relpath)
+        path = self.layout.path(relpath)
         writer = self._running_writer()
         if writer is not None:
             size, sha = await writer.seal(tmp, path)
@@ -250,7 +226,7 @@ class CheckpointStorage:
     def small_write(self, relpath: str, data: bytes) -> FileWrite:
         """A small file under the root, its folder's entry included, for
         :meth:`write_all`."""
-        path = os.path.join(self.root, relpath)
+        path = self.layout.path(relpath)
         return FileWrite(path, data, sync_after=[os.path.dirname(path)])
 
     async def write_small(self, relpath: str, data: bytes) -> None:
@@ -264,11 +240,11 @@ class CheckpointStorage:
         meta = dict(meta, format_version=FORMAT_VERSION, checkpoint_id=checkpoint_id)
         meta["checksum"] = _checksum_of(meta)
         data = _encode_metadata(meta)
-        folder = self.checkpoint_dir(checkpoint_id)
-        path = os.path.join(folder, METADATA)
+        folder = self.layout.checkpoint_dir(checkpoint_id)
+        path = self.layout.metadata(checkpoint_id)
         # The renames of the checkpoint's files must be durable before the
         # metadata that names them: each of their folders is fsynced, first.
-        files_dirs = sorted({os.path.dirname(os.path.join(self.root, str(f["path"])))
+        files_dirs = sorted({os.path.dirname(self.layout.path(str(f["path"])))
                              for f in meta.get("files", [])})
         return FileWrite(path, data, sync_before=files_dirs, sync_after=[folder, self.root])
 
@@ -297,15 +273,15 @@ class CheckpointStorage:
 
         The metadata goes first, so a crash half-way through leaves an
         incomplete folder, never a complete-looking one with files missing."""
-        folder = self.checkpoint_dir(checkpoint_id)
-        remove(folder, os.path.join(folder, METADATA))  # as the writer process does it
+        # As the writer process does it:
+        remove(self.layout.checkpoint_dir(checkpoint_id), self.layout.metadata(checkpoint_id))
 
     async def discard_async(self, checkpoint_id: int) -> None:
         """:meth:`discard`, by the writer process when there is one."""
         writer = self._running_writer()
         if writer is not None:
-            folder = self.checkpoint_dir(checkpoint_id)
-            await writer.remove(folder, os.path.join(folder, METADATA))
+            await writer.remove(self.layout.checkpoint_dir(checkpoint_id),
+                                self.layout.metadata(checkpoint_id))
         else:
             self.discard(checkpoint_id)
 
@@ -313,12 +289,12 @@ class CheckpointStorage:
 
     def read_metadata(self, checkpoint_id: int) -> dict[str, Any]:
         """The verified metadata of a checkpoint; raises CheckpointCorrupted."""
-        path = os.path.join(self.checkpoint_dir(checkpoint_id), METADATA)
+        path = self.layout.metadata(checkpoint_id)
         try:
             with open(path, "rb") as f:
                 meta = json.loads(f.read())
         except FileNotFoundError:
-            folder = self.checkpoint_dir(checkpoint_id)
+            folder = self.layout.checkpoint_dir(checkpoint_id)
             if not os.path.isdir(folder):
                 raise CheckpointCorrupted(f"{folder}: no such checkpoint") from None
             raise CheckpointCorrupted(f"{path}: missing (the checkpoint never completed)") from None
@@ -338,7 +314,7 @@ class CheckpointStorage:
         and ctime are unchanged (RocksDB checkpoints reference the same
         shared SST files, checkpoint after checkpoint: verifying each one
         must not re-read them all every time)."""
-        path = os.path.join(self.root, handle.path)
+        path = self.layout.path(handle.path)
         try:
             st = os.stat(path)
         except OSError as exc:
@@ -364,7 +340,7 @@ class CheckpointStorage:
     def read_verified(self, handle: FileHandle) -> bytes:
         """A checkpoint file's content, verified against ``handle`` (for
         readers that need all of it anyway: one read, not two)."""
-        path = os.path.join(self.root, handle.path)
+        path = self.layout.path(handle.path)
         try:
             with open(path, "rb") as f:
                 data = f.read()
@@ -384,7 +360,7 @@ class CheckpointStorage:
         """Checkpoints with readable metadata (files not verified), ascending."""
         done = []
         for n in self.checkpoint_ids():
-            if os.path.exists(os.path.join(self.checkpoint_dir(n), METADATA)):
+            if os.path.exists(self.layout.metadata(n)):
                 done.append(n)
         return done
 
@@ -410,7 +386,7 @@ class CheckpointStorage:
         for n in self.checkpoint_ids():
             if n in keep:
                 continue
-            if not os.path.exists(os.path.join(self.checkpoint_dir(n), METADATA)):
+            if not os.path.exists(self.layout.metadata(n)):
                 self.discard(n)
                 removed.append(n)
         return removed

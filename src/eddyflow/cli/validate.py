@@ -21,12 +21,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from eddyflow.checkpoint.storage import (
-    CheckpointCorrupted,
-    CheckpointStorage,
-    checkpoint_dir_name,
-    parse_checkpoint_dir,
-)
+from eddyflow.checkpoint.layout import checkpoint_dir_name, parse_checkpoint_dir
+from eddyflow.checkpoint.storage import CheckpointCorrupted, CheckpointStorage
 from eddyflow.cli.errors import CliError, debug_enabled
 from eddyflow.jobfile import JobFileError
 from eddyflow.offline.checkpoint import CheckpointRef, open_checkpoint

@@ -16,14 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from eddyflow.checkpoint.handles import KeyedStateHandle
+from eddyflow.checkpoint.layout import CheckpointLayout, parse_checkpoint_dir
 from eddyflow.checkpoint.metadata import CheckpointMetadata, read_checkpoint
-from eddyflow.checkpoint.storage import (
-    CheckpointCorrupted,
-    CheckpointStorage,
-    FileHandle,
-    checkpoint_dir_name,
-    parse_checkpoint_dir,
-)
+from eddyflow.checkpoint.storage import CheckpointCorrupted, CheckpointStorage, FileHandle
 from eddyflow.offline.shipping import import_on_executor
 from eddyflow.runtime.checkpointing.backedge_log import Logged, decode_backedge_log
 from eddyflow.runtime.checkpointing.channel_state import decode_channel_state
@@ -45,7 +40,14 @@ class CheckpointRef:
 
     @property
     def path(self) -> str:
-        return os.path.join(self.root, checkpoint_dir_name(self.id))
+        """The checkpoint's folder."""
+        return CheckpointLayout(self.root).checkpoint_dir(self.id)
+
+    @property
+    def backends(self) -> frozenset[str]:
+        """The state backends whose formats its keyed state is written in."""
+        return frozenset(part.keyed.backend for op in self.meta.operators.values()
+                         for part in op.subtasks.values() if part.keyed is not None)
 
 
 def open_checkpoint(path: str | os.PathLike[str], checkpoint: int | None = None
@@ -134,11 +136,13 @@ def read_verified_channel_state(root: str, handle: FileHandle
                                 ) -> tuple[dict[str, list[Logged]], dict[str, list[Logged]]]:
     """One channel-state file (an unaligned checkpoint's), verified: its
     input and output parts per channel key."""
-    data = CheckpointStorage(root).read_verified(handle)
-    return decode_channel_state(data, os.path.join(root, handle.path))
+    storage = CheckpointStorage(root)
+    data = storage.read_verified(handle)
+    return decode_channel_state(data, storage.layout.path(handle.path))
 
 
 def read_verified_backedge_log(root: str, handle: FileHandle) -> dict[int, list[Any]]:
     """The channels of one back-edge log file, verified (read once)."""
-    data = CheckpointStorage(root).read_verified(handle)
-    return decode_backedge_log(data, os.path.join(root, handle.path))
+    storage = CheckpointStorage(root)
+    data = storage.read_verified(handle)
+    return decode_backedge_log(data, storage.layout.path(handle.path))

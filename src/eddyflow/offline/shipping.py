@@ -64,10 +64,13 @@ import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eddyflow.errors import EddyflowError
-from eddyflow.state.registry import kind_of, kinds
+from eddyflow.state.registry import kind_named, kinds
+
+if TYPE_CHECKING:
+    from eddyflow.offline.checkpoint import CheckpointRef
 
 __all__ = ["ExecutorDependencyMissing", "import_on_executor", "ship_to_executors",
            "shipped"]
@@ -101,14 +104,14 @@ def shipped(spark: Any) -> frozenset[str]:
 
 
 def ship_to_executors(spark: Any, job: str | os.PathLike[str] | ModuleType | None = None, *,
-                      checkpoint: Any = None, modules: Iterable[str] = ()) -> None:
+                      checkpoint: CheckpointRef | None = None, modules: Iterable[str] = ()) -> None:
     """Make eddyflow, the modules of ``job`` (a job file's path or its
     loaded module) and the compiled modules the executors need available to
     the executors of ``spark`` (a SparkSession or SparkContext): those of
-    the state backends whose state ``checkpoint`` (a path or
-    ``CheckpointRef``) holds (their registrations' ``executor_modules``,
-    ``rocksdict`` for RocksDB), and ``modules`` (``bootstrap``: those of the
-    backend the executors will write). Anything already shipped to this
+    the state backends whose state ``checkpoint`` holds (their
+    registrations' ``executor_modules``, ``rocksdict`` for RocksDB), and
+    ``modules`` (``bootstrap``: those of the backend the executors will
+    write). Anything already shipped to this
     SparkContext is not shipped again."""
     sc = getattr(spark, "sparkContext", spark)
     with _lock:
@@ -133,7 +136,8 @@ def ship_to_executors(spark: Any, job: str | os.PathLike[str] | ModuleType | Non
         wanted = set(modules)
         possible = {f"native:{m}" for kind in kinds() for m in kind.executor_modules}
         if checkpoint is not None and not possible <= done:
-            wanted |= _executor_modules(checkpoint)
+            wanted |= {m for name in checkpoint.backends
+                       for m in kind_named(name).executor_modules}
         for name in sorted(wanted):
             if f"native:{name}" in done:
                 continue
@@ -177,16 +181,6 @@ def _job_module(job: str | os.PathLike[str] | ModuleType) -> ModuleType | None:
         if f and os.path.abspath(f) == path:
             return mod
     return None
-
-
-def _executor_modules(checkpoint: Any) -> set[str]:
-    """The compiled modules the backends of ``checkpoint``'s keyed state
-    need on the executors."""
-    from eddyflow.offline.checkpoint import CheckpointRef, open_checkpoint
-
-    ref = checkpoint if isinstance(checkpoint, CheckpointRef) else open_checkpoint(checkpoint)
-    return {m for op in ref.meta.operators.values() for part in op.subtasks.values()
-            if part.keyed is not None for m in kind_of(part.keyed).executor_modules}
 
 
 # --- building the zips (driver side) -------------------------------------------------

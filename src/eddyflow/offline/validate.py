@@ -43,8 +43,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eddyflow.checkpoint.handles import StateFile
+from eddyflow.checkpoint.layout import CheckpointLayout
 from eddyflow.checkpoint.metadata import BootstrapInput
-from eddyflow.checkpoint.storage import CheckpointCorrupted, CheckpointStorage, checkpoint_dir_name
+from eddyflow.checkpoint.storage import CheckpointCorrupted, CheckpointStorage
 from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.jobfile import build_environment
 from eddyflow.keygroups import key_group_range
@@ -318,7 +319,7 @@ def bootstrap_inputs(ref: CheckpointRef) -> list[tuple[str, BootstrapInput]]:
             return []
         seen.add((folder, n))
         try:
-            base = open_checkpoint(os.path.join(folder, checkpoint_dir_name(n)))
+            base = open_checkpoint(CheckpointLayout(folder).checkpoint_dir(n))
         except (CheckpointCorrupted, FileNotFoundError) as exc:
             log.warning("checkpoint %d was restored from %s/chk-%d, which cannot be read (%s): "
                         "validated as if its history had started from empty state",

@@ -23,15 +23,13 @@ from eddyflow.checkpoint.commits import (
     remove_commit_records_before,
 )
 from eddyflow.checkpoint.metadata import (
-    CheckpointGraph,
     CheckpointMetadata,
-    OperatorState,
-    SubtaskState,
     TaskStats,
     read_checkpoint,
 )
+from eddyflow.checkpoint.metadata_builder import MetadataBuilder
 from eddyflow.checkpoint.shared import SharedStateRegistry
-from eddyflow.checkpoint.storage import CheckpointCorrupted, CheckpointStorage, FileHandle
+from eddyflow.checkpoint.storage import CheckpointCorrupted, CheckpointStorage
 from eddyflow.connectors.sink import Sink
 from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.runtime.checkpointing.barriers import CheckpointMode
@@ -153,7 +151,7 @@ class CheckpointCoordinator:
     def _load_registry(self, storage: CheckpointStorage) -> SharedStateRegistry:
         """The shared files the checkpoints on disk reference; the others
         (of aborted checkpoints, or of a run that crashed) are removed."""
-        registry = SharedStateRegistry(storage.root)
+        registry = SharedStateRegistry(storage.layout)
         for n in self.retained:
             try:
                 meta = read_checkpoint(storage, n)
@@ -467,44 +465,29 @@ class CheckpointCoordinator:
         in_flight = {p.id for p in (self._pending, self._final) if p is not None}
         in_flight |= self._completing
         for n in self.aborted:
-            if n not in in_flight and os.path.isdir(storage.checkpoint_dir(n)):
+            if n not in in_flight and os.path.isdir(storage.layout.checkpoint_dir(n)):
                 storage.discard(n)
 
     # -- metadata ----------------------------------------------------------
 
     def _metadata(self, p: _Pending, duration: float) -> CheckpointMetadata:
-        plan = self.plan
-        nodes = plan.graph.nodes
-        subtasks: dict[str, dict[int, SubtaskState]] = {n.uid: {} for n in nodes}
-        files: dict[str, FileHandle] = {}
+        builder = MetadataBuilder(self.plan)
         for key, ack in sorted(p.acks.items()):
             for uid, part in ack.state.operators.items():
-                subtasks[uid][key.subtask] = part
-            for h in ack.state.files:
-                files[h.path] = h
-        full_size = sum(h.size for h in files.values())
+                builder.add(uid, key.subtask, part)
+            builder.add_files(ack.state.files)
         # Files an earlier retained checkpoint already references were not
         # written by this one (incremental snapshots).
         registry = self.registry
-        written = sum(h.size for path, h in files.items()
-                      if registry is None or not registry.referenced(path))
         names = self.tasks_by_key()
-        return CheckpointMetadata(
+        return builder.build(
             job=self.job_name,
             mode=self.mode,
             final=p.final,
             trigger_time=p.trigger_time,
-            completed_at=time.time(),
             duration=duration,
             alignment_duration=max((a.stats.alignment_duration for a in p.acks.values()),
                                    default=0.0),
-            max_parallelism=plan.max_parallelism,
-            operators={n.uid: OperatorState(n.kind, plan.parallelism[n.id], subtasks[n.uid])
-                       for n in nodes},
-            graph=CheckpointGraph.of_plan(plan),
-            files=tuple(files.values()),
-            checkpointed_size=written,
-            full_size=full_size,
             lineage=self.lineage or None,
             base=self.base,
             unaligned=any(a.stats.unaligned for a in p.acks.values()),
@@ -513,6 +496,7 @@ class CheckpointCoordinator:
             tasks={f"{names[k]}[{k.subtask}]": TaskStats(
                 a.stats.alignment_duration, a.stats.sync_duration, a.stats.async_duration)
                 for k, a in sorted(p.acks.items())},
+            written=lambda path: registry is None or not registry.referenced(path),
         )
 
     def tasks_by_key(self) -> dict[SubtaskId, str]:

@@ -15,8 +15,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from eddyflow.checkpoint.layout import CheckpointLayout
 from eddyflow.checkpoint.metadata import BackEdgeLog, ChannelState, SubtaskState
-from eddyflow.checkpoint.storage import CheckpointStorage, FileHandle, checkpoint_dir_name
+from eddyflow.checkpoint.storage import CheckpointStorage, FileHandle
 from eddyflow.connectors.source import SourceReader
 from eddyflow.errors import StateSerializationError
 from eddyflow.keygroups import key_group_range
@@ -333,7 +334,7 @@ class Snapshotting:
         if backlog is not None and storage is not None and backlog.back_edges:
             # The back-edge log belongs to the head operator, first in this task.
             head = self.operators[0].uid
-            rel = f"{checkpoint_dir_name(n)}/{head}-{self.subtask}/backedge-log"
+            rel = CheckpointLayout.backedge_log_file(n, head, self.subtask)
             back = {i: backlog.records.get(i, []) for i in backlog.back_edges}
             logged = sum(backlog.counts.get(i, 0) for i in backlog.back_edges)
             backedge = head, logged, write_backedge_log(storage, rel,
@@ -350,7 +351,7 @@ class Snapshotting:
         owner = self.state_owner
         channel_state = None
         if (inputs or outputs) and storage is not None:
-            rel = f"{checkpoint_dir_name(n)}/{owner}-{self.subtask}/channel-state"
+            rel = CheckpointLayout.channel_state_file(n, owner, self.subtask)
             try:
                 channel_state = write_channel_state(storage, rel, inputs, outputs)
             except BaseException:

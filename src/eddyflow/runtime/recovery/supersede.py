@@ -24,15 +24,10 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from eddyflow.checkpoint.commits import (
-    CommitRecord,
-    commit_record_path,
-    mark_superseded,
-    read_commit_records,
-)
+from eddyflow.checkpoint.commits import CommitRecord, mark_superseded, read_commit_records
 from eddyflow.checkpoint.durable import fsync_dir
 from eddyflow.checkpoint.lock import FolderLock
-from eddyflow.checkpoint.storage import METADATA, CheckpointCorrupted, CheckpointStorage
+from eddyflow.checkpoint.storage import CheckpointCorrupted, CheckpointStorage
 from eddyflow.connectors.sink import Sink
 from eddyflow.errors import RestoreRefused
 from eddyflow.runtime.recovery.restore import RestoredCheckpoint
@@ -90,7 +85,7 @@ def _later_records(restored: RestoredCheckpoint | None, lineage: str | None, wha
             if later is None:
                 raise RestoreRefused(
                     f"cannot restart from {what}: "
-                    f"{commit_record_path(storage, r.checkpoint_id)} records output of "
+                    f"{storage.layout.commit_record(r.checkpoint_id)} records output of "
                     "another branch of this job's history (restored from an earlier "
                     "checkpoint of that folder); whether restoring would write it "
                     "again cannot be told. Restore the latest checkpoint of "
@@ -105,17 +100,17 @@ def _retire(storage: CheckpointStorage, checkpoint_id: int) -> None:
     """Make a checkpoint whose output is taken back unrestorable, first: it
     says that output was committed, which stops being true. Its folder then
     goes like an incomplete one's."""
-    meta = os.path.join(storage.checkpoint_dir(checkpoint_id), METADATA)
+    meta = storage.layout.metadata(checkpoint_id)
     if os.path.exists(meta):
-        os.replace(meta, meta + ".superseded")
+        os.replace(meta, storage.layout.superseded_metadata(checkpoint_id))
         fsync_dir(os.path.dirname(meta))
 
 
 def _unretire(storage: CheckpointStorage, checkpoint_id: int) -> None:
-    meta = os.path.join(storage.checkpoint_dir(checkpoint_id), METADATA)
-    if os.path.exists(meta + ".superseded"):
-        os.replace(meta + ".superseded", meta)
-        fsync_dir(os.path.dirname(meta))
+    retired = storage.layout.superseded_metadata(checkpoint_id)
+    if os.path.exists(retired):
+        os.replace(retired, storage.layout.metadata(checkpoint_id))
+        fsync_dir(os.path.dirname(retired))
 
 
 def supersede_later_output(restored: RestoredCheckpoint | None, lineage: str | None,
@@ -142,7 +137,7 @@ def supersede_later_output(restored: RestoredCheckpoint | None, lineage: str | N
                     f"cannot take it back ({type(sink).__name__} does not implement "
                     "Sink.supersede), so the restore would write it twice; restore "
                     f"the latest checkpoint, or delete "
-                    f"{commit_record_path(storage, record.checkpoint_id)} "
+                    f"{storage.layout.commit_record(record.checkpoint_id)} "
                     "to accept duplicates")
     with contextlib.ExitStack() as locks:
         for storage in {s.root: s for s, _ in later}.values():

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from eddyflow.checkpoint.handles import StateFile
+from eddyflow.checkpoint.layout import CheckpointLayout
 from eddyflow.checkpoint.storage import CheckpointStorage, FileHandle
 from eddyflow.state import forked
 from eddyflow.state.abc import KeyedSnapshot, SnapshotTarget
@@ -98,8 +99,8 @@ def shared_file_name(target: SnapshotTarget, operator: str, full: bool) -> str:
     """A snapshot file's path relative to the storage root: unique per
     operator, subtask, run and checkpoint."""
     kind = "full" if full else "delta"
-    return (f"shared/{operator}-{target.subtask}-{target.run_id}-"
-            f"{target.checkpoint_id}.{kind}")
+    return CheckpointLayout.shared_prefix(target.checkpoint_id, operator, target.subtask,
+                                          target.run_id) + f".{kind}"
 
 
 class _Pace:

@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from eddyflow.checkpoint.durable import fsync_dir
-from eddyflow.checkpoint.storage import FileHandle, checkpoint_dir_name
+from eddyflow.checkpoint.layout import CheckpointLayout
+from eddyflow.checkpoint.storage import FileHandle
 from eddyflow.state.abc import KeyedSnapshot, SnapshotTarget
 from eddyflow.state.rocksdb.files import copy_verified, hash_file
 from eddyflow.state.rocksdb.handle import RocksDBStateHandle
@@ -106,8 +107,9 @@ class _RocksSnapshot(KeyedSnapshot):
     async def write(self) -> RocksDBStateHandle:
         backend = self.strategy.backend
         t = self.target
-        shared = f"shared/{backend.operator}-{t.subtask}-{t.run_id}-{t.checkpoint_id}-"
-        private = f"{checkpoint_dir_name(t.checkpoint_id)}/{backend.operator}-{t.subtask}/"
+        shared = CheckpointLayout.shared_prefix(t.checkpoint_id, backend.operator, t.subtask,
+                                                t.run_id) + "-"
+        private = CheckpointLayout.subtask_prefix(t.checkpoint_id, backend.operator, t.subtask)
         try:
             await backend.finish_snapshot(self.flush)
             files, new = await anyio.to_thread.run_sync(
