@@ -195,7 +195,7 @@ async def test_a_decline_aborts_the_checkpoint(tmp_path: Path) -> None:
         assert abort.checkpoint_id == 1
         assert abort.reason == "declined by subtask 0 of chain 1: snapshot abandoned"
     assert job.storage is not None
-    assert not await anyio.Path(job.storage.checkpoint_dir(1)).exists()
+    assert not await anyio.Path(job.storage.layout.checkpoint_dir(1)).exists()
     assert job.sink.commits == [] and job.coordinator.is_aborted(1)
 
 
