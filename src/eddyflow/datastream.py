@@ -16,20 +16,19 @@ from typing import TYPE_CHECKING, Any
 from eddyflow.connectors.sink import PrintSink, Sink
 from eddyflow.functions import KeyedProcessFunction
 from eddyflow.graph.logical import Node, Partitioning
-from eddyflow.runtime.operators.base import (
-    FilterSpec,
-    FlatMapSpec,
-    IterationHeadSpec,
+from eddyflow.runtime.operators.io import SinkSpec
+from eddyflow.runtime.operators.keyed import (
     KeyedCountSpec,
-    KeyedProcessSpec,
     KeyedReduceSpec,
+    KeyedSpec,
     KeyedSumSpec,
-    MapSpec,
     MapWithStateSpec,
-    SinkSpec,
 )
-from eddyflow.runtime.operators.windows import MainOutputSpec, SideOutputSpec, WindowSpec
-from eddyflow.runtime.time.watermarks import AssignTimestampsSpec
+from eddyflow.runtime.operators.process import KeyedProcessSpec
+from eddyflow.runtime.operators.side_outputs import MainOutputSpec, SideOutputSpec
+from eddyflow.runtime.operators.stateless import FilterSpec, FlatMapSpec, IterationHeadSpec, MapSpec
+from eddyflow.runtime.operators.timestamps import AssignTimestampsSpec
+from eddyflow.runtime.operators.windows import WindowSpec
 from eddyflow.windowing.functions import (
     AggregateAdapter,
     AggregateFunction,
@@ -81,10 +80,12 @@ class DataStream:
         the messages of checks made before it is added)."""
         return self._env._graph.generated_uid(kind, self._reads(), detail)[0]
 
-    def _add(self, kind: str, payload: Any, *, detail: str = "", keyed: bool = False,
+    def _add(self, kind: str, payload: Any, *, detail: str = "",
              is_sink: bool = False, parallelism: int | None = None) -> Node:
         graph = self._env._graph
-        node = graph.add_node(kind, payload, inputs=self._reads(), detail=detail, keyed=keyed,
+        # The node is keyed iff its spec is (``KeyedSpec``, the one source).
+        node = graph.add_node(kind, payload, inputs=self._reads(), detail=detail,
+                              keyed=isinstance(payload, KeyedSpec),
                               is_sink=is_sink, parallelism=parallelism)
         for source, part, key_fn in self._inputs:
             graph.add_edge(source, node.id, part, key_fn)
@@ -274,26 +275,23 @@ class KeyedStream(DataStream):
         super().__init__(env, inputs)
         self.key_fn = key_fn
 
-    def _keyed(self, kind: str, make: Callable[[str], Any]) -> DataStream:
-        return self._then(kind, make, keyed=True)
-
     def count(self) -> DataStream:
         """Emits ``(key, running count)`` per record."""
-        return self._keyed("count", lambda uid: KeyedCountSpec(self.key_fn))
+        return self._then("count", lambda uid: KeyedCountSpec(self.key_fn))
 
     def reduce(self, fn: Callable[[Any, Any], Any]) -> DataStream:
         """Emits ``(key, fn(previous, record))`` per record (the record itself first)."""
         def make(uid: str) -> KeyedReduceSpec:
             _check_callable(fn, "reduce function", f"operator '{uid}'")
             return KeyedReduceSpec(self.key_fn, fn)
-        return self._keyed("reduce", make)
+        return self._then("reduce", make)
 
     def sum(self, value_fn: Callable[[Any], Any] = _second) -> DataStream:
         """Emits ``(key, running sum of value_fn(record))`` per record."""
         def make(uid: str) -> KeyedSumSpec:
             _check_callable(value_fn, "sum value_fn", f"operator '{uid}'")
             return KeyedSumSpec(self.key_fn, value_fn)
-        return self._keyed("sum", make)
+        return self._then("sum", make)
 
     def map_with_state(self, fn: Callable[[Any, Any], tuple[Any, Any]]) -> DataStream:
         """``fn(record, state_or_None) -> (output, new_state)``; a new state of
@@ -301,7 +299,7 @@ class KeyedStream(DataStream):
         def make(uid: str) -> MapWithStateSpec:
             _check_callable(fn, "map_with_state function", f"operator '{uid}'")
             return MapWithStateSpec(self.key_fn, fn)
-        return self._keyed("map_with_state", make)
+        return self._then("map_with_state", make)
 
     def process(self, fn: KeyedProcessFunction) -> DataStream:
         def make(uid: str) -> KeyedProcessSpec:
@@ -313,7 +311,7 @@ class KeyedStream(DataStream):
                     f"operator '{uid}': process needs an ef.KeyedProcessFunction, got {fn!r:.100}"
                 )
             return KeyedProcessSpec(self.key_fn, fn)
-        return self._keyed("process", make)
+        return self._then("process", make)
 
     def window(self, assigner: WindowAssigner) -> WindowedStream:
         """Group each key's records into windows (``ef.TumblingEventTimeWindows``,
@@ -361,7 +359,7 @@ class WindowedStream:
         spec = WindowSpec(keyed.key_fn, self._assigner, adapter, self._lateness,
                           None if tag is None else tag.name)
         detail = f"{type(self._assigner).__name__}.{adapter.method}"
-        node = keyed._add("window", spec, detail=detail, keyed=True)
+        node = keyed._add("window", spec, detail=detail)
         return WindowedDataStream(keyed._env, node, tag)
 
     def reduce(self, fn: Callable[[Any, Any], Any]) -> WindowedDataStream:

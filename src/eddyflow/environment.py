@@ -35,7 +35,7 @@ from eddyflow.runtime.checkpointing.barriers import MODES, CheckpointMode
 from eddyflow.runtime.checkpointing.coordinator import CheckpointConfig
 from eddyflow.runtime.job import JobRunner, RuntimeConfig
 from eddyflow.runtime.metrics import MetricsCallback, MetricsReporter
-from eddyflow.runtime.operators.base import SinkSpec, SourceSpec
+from eddyflow.runtime.operators.io import SinkSpec, SourceSpec
 from eddyflow.runtime.recovery.restore import RestoredCheckpoint
 from eddyflow.runtime.recovery.supersede import supersede_later_output
 from eddyflow.runtime.time.clock import WALL_CLOCK, Clock

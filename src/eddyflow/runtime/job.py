@@ -33,7 +33,8 @@ from eddyflow.runtime.exchange.writers import (
     RebalanceWriter,
     RecordWriter,
 )
-from eddyflow.runtime.operators.base import Operator, OperatorContext, SinkSpec, SourceSpec
+from eddyflow.runtime.operators.base import Operator, OperatorContext
+from eddyflow.runtime.operators.io import SinkSpec, SourceSpec
 from eddyflow.runtime.recovery.restore import RestoredCheckpoint
 from eddyflow.runtime.task import Task, TaskFailure
 from eddyflow.runtime.time.clock import WALL_CLOCK, Clock
