@@ -221,10 +221,13 @@ class _WindowOperator(KeyedOperator):
         # The last window a record fell in (most records of a batch share it)
         # and the lifecycle's decisions for it at ``now``, taken once per
         # window rather than per record: [start, end) holds exactly the
-        # timestamps ``assign`` puts there.
+        # timestamps ``assign`` puts there. The window before it is kept too:
+        # near a window's end, out-of-order records alternate between two.
         start, end, w = 1.0, 0.0, (1.0, 0.0)
         late = refire = False
         times: list[float] = []
+        before: tuple[float, float, Bounds, bool, bool, list[float]] = (
+            1.0, 0.0, w, False, False, times)
         i = 0
         k: Any = None
         try:
@@ -232,11 +235,16 @@ class _WindowOperator(KeyedOperator):
                 k = kf(r)
                 t = timestamps[i] if timestamps is not None else now
                 if not start <= t < end:
-                    (window,) = assign(t)
-                    start, end = w = (window.start, window.end)
-                    late = is_window_late(window, now, lateness)
-                    refire = fires_on_element(window, now)
-                    times = timers_to_register(window, now, lateness)
+                    current = (start, end, w, late, refire, times)
+                    if before[0] <= t < before[1]:
+                        start, end, w, late, refire, times = before
+                    else:
+                        (window,) = assign(t)
+                        start, end = w = (window.start, window.end)
+                        late = is_window_late(window, now, lateness)
+                        refire = fires_on_element(window, now)
+                        times = timers_to_register(window, now, lateness)
+                    before = current
                 if late:
                     self._late(r, t, now, out, stamps)
                     continue
