@@ -16,20 +16,19 @@ from typing import TYPE_CHECKING, Any
 from eddyflow.connectors.sink import PrintSink, Sink
 from eddyflow.functions import KeyedProcessFunction
 from eddyflow.graph.logical import Node, Partitioning
-from eddyflow.runtime.operators.base import (
-    FilterSpec,
-    FlatMapSpec,
-    IterationHeadSpec,
+from eddyflow.runtime.operators.io import SinkSpec
+from eddyflow.runtime.operators.keyed import (
     KeyedCountSpec,
-    KeyedProcessSpec,
     KeyedReduceSpec,
+    KeyedSpec,
     KeyedSumSpec,
-    MapSpec,
     MapWithStateSpec,
-    SinkSpec,
 )
-from eddyflow.runtime.operators.windows import MainOutputSpec, SideOutputSpec, WindowSpec
-from eddyflow.runtime.time.watermarks import AssignTimestampsSpec
+from eddyflow.runtime.operators.process import KeyedProcessSpec
+from eddyflow.runtime.operators.side_outputs import MainOutputSpec, SideOutputSpec
+from eddyflow.runtime.operators.stateless import FilterSpec, FlatMapSpec, IterationHeadSpec, MapSpec
+from eddyflow.runtime.operators.timestamps import AssignTimestampsSpec
+from eddyflow.runtime.operators.windows import WindowSpec
 from eddyflow.windowing.functions import (
     AggregateAdapter,
     AggregateFunction,
@@ -68,11 +67,12 @@ def _reads(inputs: tuple[_Input, ...]) -> list[tuple[int, Partitioning]]:
 
 
 def _add_operator(env: StreamEnvironment, inputs: tuple[_Input, ...], kind: str, payload: Any,
-                  *, detail: str = "", keyed: bool = False, is_sink: bool = False) -> Node:
-    """Add an operator reading ``inputs`` to ``env``'s graph, with its edges."""
+                  *, detail: str = "", is_sink: bool = False) -> Node:
+    """Add an operator reading ``inputs`` to ``env``'s graph, with its edges.
+    The node is keyed iff its spec is (``KeyedSpec``, the one source)."""
     graph = env.graph
-    node = graph.add_node(kind, payload, inputs=_reads(inputs), detail=detail, keyed=keyed,
-                          is_sink=is_sink)
+    node = graph.add_node(kind, payload, inputs=_reads(inputs), detail=detail,
+                          keyed=isinstance(payload, KeyedSpec), is_sink=is_sink)
     for source, part, key_fn in inputs:
         graph.add_edge(source, node.id, part, key_fn)
     return node
@@ -96,10 +96,10 @@ class DataStream:
         the messages of checks made before it is added)."""
         return self._env.graph.generated_uid(kind, _reads(self._inputs), detail)[0]
 
-    def _add(self, kind: str, payload: Any, *, detail: str = "", keyed: bool = False,
+    def _add(self, kind: str, payload: Any, *, detail: str = "",
              is_sink: bool = False) -> Node:
         return _add_operator(self._env, self._inputs, kind, payload, detail=detail,
-                             keyed=keyed, is_sink=is_sink)
+                             is_sink=is_sink)
 
     def _inputs_of(self, other: DataStream) -> tuple[_Input, ...] | None:
         """What reads ``other`` if it is a stream of this job (``None`` if
@@ -306,26 +306,23 @@ class KeyedStream(DataStream):
         super().__init__(env, inputs)
         self.key_fn = key_fn
 
-    def _keyed(self, kind: str, make: Callable[[str], Any]) -> DataStream:
-        return self._then(kind, make, keyed=True)
-
     def count(self) -> DataStream:
         """Emits ``(key, running count)`` per record."""
-        return self._keyed("count", lambda uid: KeyedCountSpec(self.key_fn))
+        return self._then("count", lambda uid: KeyedCountSpec(self.key_fn))
 
     def reduce(self, fn: Callable[[Any, Any], Any]) -> DataStream:
         """Emits ``(key, fn(previous, record))`` per record (the record itself first)."""
         def make(uid: str) -> KeyedReduceSpec:
             _check_callable(fn, "reduce function", f"operator '{uid}'")
             return KeyedReduceSpec(self.key_fn, fn)
-        return self._keyed("reduce", make)
+        return self._then("reduce", make)
 
     def sum(self, value_fn: Callable[[Any], Any] = _second) -> DataStream:
         """Emits ``(key, running sum of value_fn(record))`` per record."""
         def make(uid: str) -> KeyedSumSpec:
             _check_callable(value_fn, "sum value_fn", f"operator '{uid}'")
             return KeyedSumSpec(self.key_fn, value_fn)
-        return self._keyed("sum", make)
+        return self._then("sum", make)
 
     def map_with_state(self, fn: Callable[[Any, Any], tuple[Any, Any]]) -> DataStream:
         """``fn(record, state_or_None) -> (output, new_state)``; a new state of
@@ -333,7 +330,7 @@ class KeyedStream(DataStream):
         def make(uid: str) -> MapWithStateSpec:
             _check_callable(fn, "map_with_state function", f"operator '{uid}'")
             return MapWithStateSpec(self.key_fn, fn)
-        return self._keyed("map_with_state", make)
+        return self._then("map_with_state", make)
 
     def process(self, fn: KeyedProcessFunction) -> DataStream:
         """``fn`` (an ``ef.KeyedProcessFunction``) per record, with keyed state
@@ -347,7 +344,7 @@ class KeyedStream(DataStream):
                     f"operator '{uid}': process needs an ef.KeyedProcessFunction, got {fn!r:.100}"
                 )
             return KeyedProcessSpec(self.key_fn, fn)
-        return self._keyed("process", make)
+        return self._then("process", make)
 
     def window(self, assigner: WindowAssigner) -> WindowedStream:
         """Group each key's records into windows (``ef.TumblingEventTimeWindows``,
@@ -397,7 +394,7 @@ class WindowedStream:
         spec = WindowSpec(self._key_fn, self._assigner, adapter, self._lateness,
                           None if tag is None else tag.name)
         detail = f"{type(self._assigner).__name__}.{adapter.method}"
-        node = _add_operator(self._env, self._inputs, "window", spec, detail=detail, keyed=True)
+        node = _add_operator(self._env, self._inputs, "window", spec, detail=detail)
         return WindowedDataStream(self._env, node, tag)
 
     def reduce(self, fn: Callable[[Any, Any], Any]) -> WindowedDataStream:

@@ -22,7 +22,7 @@ from eddyflow.runtime.checkpointing.barriers import MODES, CheckpointMode
 from eddyflow.runtime.checkpointing.coordinator import CheckpointConfig
 from eddyflow.runtime.job import RuntimeConfig
 from eddyflow.runtime.metrics import MetricsCallback, MetricsReporter
-from eddyflow.runtime.operators.base import SourceSpec
+from eddyflow.runtime.operators.io import SourceSpec
 from eddyflow.runtime.recovery.restart import JobExecution
 from eddyflow.runtime.time.clock import WALL_CLOCK, Clock
 from eddyflow.state.abc import StateBackend

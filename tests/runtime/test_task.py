@@ -30,7 +30,8 @@ from eddyflow.runtime.exchange.events import END_OF_INPUT, Barrier, RecordBatch
 from eddyflow.runtime.exchange.feedback import FeedbackChannel
 from eddyflow.runtime.exchange.loops import LoopTracker
 from eddyflow.runtime.exchange.writers import ForwardWriter
-from eddyflow.runtime.operators.base import IterationHeadSpec, OperatorContext
+from eddyflow.runtime.operators.base import OperatorContext
+from eddyflow.runtime.operators.stateless import IterationHeadSpec
 from eddyflow.runtime.task import Task
 from eddyflow.state.memory import MemoryStateBackend
 

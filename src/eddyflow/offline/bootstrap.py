@@ -74,7 +74,8 @@ from eddyflow.offline.bootstrap_executors import (
 )
 from eddyflow.offline.errors import BootstrapError, spark_errors
 from eddyflow.offline.shipping import ship_to_executors
-from eddyflow.runtime.operators.base import OperatorContext, SourceSpec
+from eddyflow.runtime.operators.base import OperatorContext
+from eddyflow.runtime.operators.io import SourceSpec
 from eddyflow.runtime.operators.windows import WINDOW_STATE
 from eddyflow.runtime.time.timers import TIMERS_STATE
 from eddyflow.state import registry

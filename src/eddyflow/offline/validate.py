@@ -51,7 +51,7 @@ from eddyflow.jobfile import build_environment
 from eddyflow.keygroups import key_group_range
 from eddyflow.offline.checkpoint import CheckpointRef, open_checkpoint
 from eddyflow.offline.errors import spark_errors
-from eddyflow.offline.evaluate import KEYED_SPECS, Watermarks, evaluate
+from eddyflow.offline.evaluate import Watermarks, evaluate
 from eddyflow.offline.readers import (
     as_text,
     backedge_rdd,
@@ -61,7 +61,8 @@ from eddyflow.offline.readers import (
 )
 from eddyflow.offline.replay import replay_split
 from eddyflow.offline.shipping import ship_to_executors
-from eddyflow.runtime.operators.base import SourceSpec
+from eddyflow.runtime.operators.io import SourceSpec
+from eddyflow.runtime.operators.keyed import KeyedSpec
 from eddyflow.state.format import read_state_file
 from eddyflow.state.ttl import base_kind, has_ttl, unwrap
 
@@ -257,7 +258,7 @@ def _validate(spark: Any, chk: str | os.PathLike[str] | CheckpointRef, *,
             actual_state = initial
 
         skip = set(expected.unreplayed)
-        graph_keyed = {n.uid for n in plan.graph.nodes if isinstance(n.payload, KEYED_SPECS)}
+        graph_keyed = {n.uid for n in plan.graph.nodes if isinstance(n.payload, KeyedSpec)}
         compared_uids = sorted((graph_keyed | set(keyed_uids)) - skip)
         sided = [expected.state[u].map(_sided("e", u)) for u in compared_uids
                  if u in expected.state]

@@ -32,7 +32,8 @@ from eddyflow.runtime.exchange.writers import (
     RecordWriter,
 )
 from eddyflow.runtime.failures import TaskFailure
-from eddyflow.runtime.operators.base import Operator, OperatorContext, SinkSpec, SourceSpec
+from eddyflow.runtime.operators.base import Operator, OperatorContext
+from eddyflow.runtime.operators.io import SinkSpec, SourceSpec
 from eddyflow.runtime.recovery.reinjection import (
     recover_sinks,
     reinject_backedge_logs,

@@ -1,1 +1,1 @@
-"""The operators a task chains: stateless and keyed ones, windows."""
+"""The operators a task chains, one module per kind (see ``base.py``)."""

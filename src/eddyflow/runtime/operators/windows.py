@@ -1,12 +1,13 @@
 """The window operator: ``key_by(...).window(assigner)...reduce/aggregate/
-sum/count/process``, and the side output that takes its late records.
+sum/count/process``; its late records go to a side output
+(``side_outputs.py``).
 
 Everything the operator decides (which windows a record joins, when a
 window fires, re-fires and is dropped, how sessions merge) is a pure
-function in ``eddyflow.windowing``; this module only keeps the state those
-functions act on, as keyed state of the operator's backend (memory or
-RocksDB), so that it is checkpointed, restored at any parallelism and read
-offline like any other keyed state:
+function in ``eddyflow.windowing`` (``lifecycle.py``, ``merging.py``);
+this module only keeps the state those functions act on, as keyed state
+of the operator's backend (memory or RocksDB), so that it is checkpointed,
+restored at any parallelism and read offline like any other keyed state:
 
 * ``_windows``: a map state; under each key, one entry per open window,
   ``(start, end) -> accumulator`` (the adapter's accumulator: one value for
@@ -25,6 +26,8 @@ offline like any other keyed state:
 On the memory backend, tumbling and session windows run hot paths that
 make the same decisions on the backend's dicts directly (see
 ``_add_tumbling_heap``); everything else goes through the state handles.
+The hot paths take the lifecycle's decisions per batch (a ``Horizon``)
+or per window, not per record.
 
 Window results take the timestamp ``TimeWindow.max_timestamp`` (the last
 float inside the window), so that a downstream window of the same size puts
@@ -32,7 +35,8 @@ a result in the same window, and a downstream operator does not see it as
 late (its watermark is still the one before the window fired).
 
 Late records (see ``windowing/lifecycle.py``) are dropped, or, with
-``side_output_late_data(tag)``, emitted wrapped in a ``SideRecord``; the
+``side_output_late_data(tag)``, emitted wrapped in a ``SideRecord``
+(``side_outputs.py``); the
 stream the user gets is then a ``main output`` selection of the operator's
 outputs, and ``get_side_output(tag)`` a side one (both stateless operators
 added by ``WindowedStream``).
@@ -47,28 +51,38 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from eddyflow.checkpoint.handles import KeyedStateHandle
 from eddyflow.keygroups import check_key
 from eddyflow.runtime.exchange.events import timestamped
-from eddyflow.runtime.operators.base import Operator, OperatorContext, _Keyed
+from eddyflow.runtime.operators.base import OperatorContext
+from eddyflow.runtime.operators.keyed import KeyedOperator, KeyedSpec
+from eddyflow.runtime.operators.side_outputs import SideRecord
 from eddyflow.runtime.time.moving_timers import MovingTimers
 from eddyflow.runtime.time.timers import EVENT_TIME, PROCESSING_TIME, TimerService
 from eddyflow.state.handles import MapState
 from eddyflow.values import SCALARS
 from eddyflow.windowing.functions import WindowAdapter
+from eddyflow.windowing.lifecycle import (
+    cleanup_at,
+    effective_lateness,
+    fires_on_element,
+    horizon,
+    is_window_late,
+    on_timer,
+    route_record,
+    timers_to_register,
+)
 from eddyflow.windowing.merging import merge_bounds
 from eddyflow.windowing.windows import (
     EventTimeSessionWindows,
-    OutputTag,
     TimeWindow,
+    TumblingWindows,
     WindowAssigner,
-    _Tumbling,
-    window_index,
 )
 
-__all__ = ["WINDOW_STATE", "MainOutputSpec", "SideOutputSpec", "SideRecord", "WindowSpec"]
+__all__ = ["WINDOW_STATE", "WindowSpec"]
 
 #: The map state windows are kept in (reserved, as the timers' ``_timers``).
 WINDOW_STATE = "_windows"
@@ -78,33 +92,7 @@ _INF = math.inf
 Bounds = tuple[float, float]
 
 
-class SideRecord(NamedTuple):
-    """A record for the side output ``tag`` (a tag's name), among the
-    window operator's outputs until a side or main selection unwraps or
-    drops it."""
-
-    tag: str
-    value: Any
-
-
-def _bounds_function(assigner: WindowAssigner) -> Callable[[float], list[Bounds]]:
-    """``timestamp -> [(start, end), ...]`` for ``assigner``, without making a
-    ``TimeWindow`` per record (the operator's hot path); the same boundary
-    arithmetic as the assigners' ``assign``."""
-    if isinstance(assigner, _Tumbling):
-        size, offset = assigner.size, assigner.offset
-
-        def tumbling(t: float) -> list[Bounds]:
-            k = window_index(t, offset, size)
-            return [(offset + k * size, offset + (k + 1) * size)]
-        return tumbling
-    if isinstance(assigner, EventTimeSessionWindows):
-        gap = assigner.gap
-        return lambda t: [(t, t + gap)]
-    return lambda t: [(w.start, w.end) for w in assigner.assign(t)]
-
-
-class _WindowOperator(_Keyed):
+class _WindowOperator(KeyedOperator):
     """Keyed windows: accumulators per (key, window), timers per (key, time)."""
 
     def __init__(self, ctx: OperatorContext, key_fn: Callable[[Any], Any], spec: WindowSpec
@@ -117,10 +105,10 @@ class _WindowOperator(_Keyed):
         self.merging = assigner.is_merging
         self.domain = EVENT_TIME if self.event_time else PROCESSING_TIME
         self.uses_clock = not self.event_time
-        self.lateness = spec.allowed_lateness if self.event_time else 0.0
+        self.lateness = effective_lateness(spec.allowed_lateness, event_time=self.event_time)
         self.late_tag = spec.late_tag
-        self.bounds = _bounds_function(assigner)
-        self.tumbling = assigner if isinstance(assigner, _Tumbling) else None
+        self.assigner = assigner
+        self.tumbling = assigner if isinstance(assigner, TumblingWindows) else None
         self.gap = assigner.gap if isinstance(assigner, EventTimeSessionWindows) else None
         self.windows: MapState[Bounds, Any] | None = None
         self.timers: TimerService | MovingTimers | None = None
@@ -165,16 +153,15 @@ class _WindowOperator(_Keyed):
                 return self._add_sessions_heap(batch, timestamps, self.gap)
             if self.tumbling is not None:
                 return self._add_tumbling_heap(batch, timestamps, self.tumbling)
-        backend, windows, timers = self.backend, self.windows, self.timers
-        assert backend is not None and windows is not None and timers is not None
-        kf, bounds, adapter = self.key_fn, self.bounds, self.adapter
+        backend, windows = self.backend, self.windows
+        assert backend is not None and windows is not None
+        kf, assign, adapter = self.key_fn, self.assigner.assign, self.adapter
         first, add = adapter.first, adapter.add
         lateness, merging = self.lateness, self.merging
         get, put = windows.get, windows.put
-        event_time = self.event_time
         # Event time: the watermark from before the batch; processing time:
         # the clock now (a window is never late in processing time).
-        now = self.watermark if event_time else self.ctx.clock.now()
+        now = self.watermark if self.event_time else self.ctx.clock.now()
         out: list[Any] = []
         stamps: list[Any] = []
         missing = _MISSING
@@ -189,28 +176,21 @@ class _WindowOperator(_Keyed):
                 if merging:
                     self._add_to_session(k, r, t, now, out, stamps)
                     continue
-                joined = False
-                mine = bounds(t)
-                for w in mine:
-                    end = w[1]
-                    if now >= end + lateness:
-                        continue  # this window is gone: the record is late for it
-                    joined = True
+                kept, late = route_record(t, assign(t), now, lateness)
+                for window in kept:
+                    w = (window.start, window.end)
                     acc = get(w, missing)
                     if acc is missing:
                         put(w, first(r))
-                        self._register(w, now)
+                        self._register(window, now)
                     else:
                         put(w, add(acc, r))
-                    if now >= end:  # late within the allowed lateness: fire again
+                    if fires_on_element(window, now):  # late within the lateness: fire again
                         self._fire(k, w, out, stamps)
-                # Late: too late for each of its windows, or, in a gap
-                # between sliding windows, behind the watermark by more than
-                # the lateness (``route_record``'s rule, as Flink).
-                if not joined and (mine or t + lateness < now):
+                if late:
                     self._late(r, t, now, out, stamps)
         except Exception as exc:
-            self._failed(batch, i, exc, k)
+            self.record_failure(batch, i, exc, k)
             raise
         return timestamped(out, stamps) if out else out
 
@@ -225,21 +205,28 @@ class _WindowOperator(_Keyed):
     # are recorded at once, as the keyed operators do.
 
     def _add_tumbling_heap(self, batch: list[Any], timestamps: list[Any] | None,
-                           assigner: _Tumbling) -> list[Any]:
+                           assigner: TumblingWindows) -> list[Any]:
         table, timers = self.heap, self.timers
         assert table is not None and timers is not None
         kf, first, add = self.key_fn, self.adapter.first, self.adapter.add
         lateness, domain, register = self.lateness, self.domain, timers.register
-        size, offset = assigner.size, assigner.offset
+        assign = assigner.assign
         now = self.watermark if self.event_time else self.ctx.clock.now()
         out: list[Any] = []
         stamps: list[Any] = []
         seen: list[Any] = []
         mark = seen.append
         missing = _MISSING
-        # The last window a record fell in (most records of a batch share it):
-        # [start, end) holds exactly the timestamps ``window_index`` puts there.
+        # The last window a record fell in (most records of a batch share it)
+        # and the lifecycle's decisions for it at ``now``, taken once per
+        # window rather than per record: [start, end) holds exactly the
+        # timestamps ``assign`` puts there. The window before it is kept too:
+        # near a window's end, out-of-order records alternate between two.
         start, end, w = 1.0, 0.0, (1.0, 0.0)
+        late = refire = False
+        times: list[float] = []
+        before: tuple[float, float, Bounds, bool, bool, list[float]] = (
+            1.0, 0.0, w, False, False, times)
         i = 0
         k: Any = None
         try:
@@ -247,10 +234,17 @@ class _WindowOperator(_Keyed):
                 k = kf(r)
                 t = timestamps[i] if timestamps is not None else now
                 if not start <= t < end:
-                    n = window_index(t, offset, size)
-                    start, end = offset + n * size, offset + (n + 1) * size
-                    w = (start, end)
-                if now >= end + lateness:
+                    current = (start, end, w, late, refire, times)
+                    if before[0] <= t < before[1]:
+                        start, end, w, late, refire, times = before
+                    else:
+                        (window,) = assign(t)
+                        start, end = w = (window.start, window.end)
+                        late = is_window_late(window, now, lateness)
+                        refire = fires_on_element(window, now)
+                        times = timers_to_register(window, now, lateness)
+                    before = current
+                if late:
                     self._late(r, t, now, out, stamps)
                     continue
                 m = table.get(k)
@@ -265,14 +259,12 @@ class _WindowOperator(_Keyed):
                     acc = m[w] = first(r) if fresh else add(acc, r)
                 mark(k)
                 if fresh:
-                    if end > now:
-                        register(domain, float(end), k)
-                    if lateness and end + lateness > now:
-                        register(domain, float(end + lateness), k)
-                if now >= end:  # late within the allowed lateness: fire again
+                    for time in times:
+                        register(domain, time, k)
+                if refire:  # late within the allowed lateness: fire again
                     self._emit(k, w, acc, out, stamps, mark)
         except Exception as exc:
-            self._failed(batch, i, exc, k)
+            self.record_failure(batch, i, exc, k)
             raise
         finally:
             if seen and self.changes.keys is not None:
@@ -287,6 +279,9 @@ class _WindowOperator(_Keyed):
         lateness, domain = self.lateness, self.domain
         register, move, delete = timers.register, timers.move, timers.delete
         now = self.watermark if self.event_time else self.ctx.clock.now()
+        # The lifecycle at ``now``: a session ending at or before ``fired``
+        # fires on its record, one ending at or before ``gone`` is late.
+        fired, gone = horizon(now, lateness)
         out: list[Any] = []
         stamps: list[Any] = []
         seen: list[Any] = []
@@ -324,7 +319,7 @@ class _WindowOperator(_Keyed):
                     ns = s if s < t else t
                     if e > ne:
                         ne = e
-                    if now >= ne + lateness:
+                    if ne <= gone:
                         self._late(r, t, now, out, stamps)
                         continue
                     acc = add(acc, r)
@@ -345,19 +340,20 @@ class _WindowOperator(_Keyed):
                             # passed fires below instead. The cleanup time
                             # first: the new fire time may be the old cleanup.
                             if lateness:
-                                move(domain, e + lateness, ne + lateness, k)
-                            if ne > now:
+                                move(domain, cleanup_at(e, lateness),
+                                     cleanup_at(ne, lateness), k)
+                            if ne > fired:
                                 move(domain, e, ne, k)
                             else:
                                 delete(domain, e, k)
                     mark(k)
-                    if now >= ne:
+                    if ne <= fired:
                         self._emit(k, w, acc, out, stamps, mark)
                     continue
                 if meets == 0:
                     # A session of its own: the key's first, or one beside
                     # (before or after) the key's sessions.
-                    if now >= ne + lateness:
+                    if ne <= gone:
                         self._late(r, t, now, out, stamps)
                         continue
                     w = (t, ne)
@@ -367,17 +363,15 @@ class _WindowOperator(_Keyed):
                     else:
                         m[w] = acc
                     mark(k)
-                    if ne > now:
-                        register(domain, ne, k)
-                    if lateness and ne + lateness > now:
-                        register(domain, ne + lateness, k)
-                    if now >= ne:
+                    for time in timers_to_register(TimeWindow(t, ne), now, lateness):
+                        register(domain, time, k)
+                    if ne <= fired:
                         self._emit(k, w, acc, out, stamps, mark)
                     continue
                 backend.current_key = k
                 self._add_to_session(k, r, t, now, out, stamps)
         except Exception as exc:
-            self._failed(batch, i, exc, k)
+            self.record_failure(batch, i, exc, k)
             raise
         finally:
             if seen and self.changes.keys is not None:
@@ -402,9 +396,10 @@ class _WindowOperator(_Keyed):
         assert windows is not None and timers is not None
         lateness = self.lateness
         current = _open(windows)
-        new = self.bounds(t)[0]
-        window, members = merge_bounds(current, new)
-        if now >= window[1] + lateness:
+        (assigned,) = self.assigner.assign(t)
+        window, members = merge_bounds(current, (assigned.start, assigned.end))
+        merged = TimeWindow(*window)
+        if not route_record(t, [merged], now, lateness)[0]:
             # The session the record would join is gone (or it would open a
             # new one that is complete already): late.
             self._late(r, t, now, out, stamps)
@@ -421,8 +416,8 @@ class _WindowOperator(_Keyed):
             acc = adapter.first(r) if acc is None else adapter.add(acc, r)
             windows.put(window, acc)
             self._retire_timers(members, window, _open(windows), now)
-            self._register(window, now)
-        if now >= window[1]:
+            self._register(merged, now)
+        if fires_on_element(merged, now):
             self._fire(k, window, out, stamps)
 
     def _late(self, r: Any, t: float, now: float, out: list[Any], stamps: list[Any]) -> None:
@@ -434,21 +429,18 @@ class _WindowOperator(_Keyed):
 
     # -- timers ------------------------------------------------------------
 
-    def _times(self, w: Bounds) -> tuple[float, ...]:
-        end = w[1]
-        cleanup = end + self.lateness
-        return (end,) if cleanup == end else (end, cleanup)
+    def _times(self, w: Bounds) -> list[float]:
+        """All the timers window ``w`` has (fire and cleanup, once each)."""
+        return timers_to_register(TimeWindow(*w), -_INF, self.lateness)
 
-    def _register(self, w: Bounds, now: float) -> None:
-        """A window's fire and cleanup timers, those still ahead of ``now``
-        (a fire time already reached: the record fires the window at once)."""
+    def _register(self, window: TimeWindow, now: float) -> None:
+        """A window's timers still ahead of ``now``."""
         timers = self.timers
         assert timers is not None
         register = (timers.register_event_time_timer if self.event_time
                     else timers.register_processing_time_timer)
-        for t in self._times(w):
-            if t > now:
-                register(t)
+        for t in timers_to_register(window, now, self.lateness):
+            register(t)
 
     def _retire_timers(self, retired: tuple[Bounds, ...], window: Bounds,
                        remaining: list[Bounds], now: float) -> None:
@@ -488,10 +480,10 @@ class _WindowOperator(_Keyed):
         stamps: list[Any] = []
         for t, key in timers.pop_due(self.domain, until):
             for w in sorted(_open(windows), key=_by_end):
-                end = w[1]
-                if end == t:
+                action = on_timer(TimeWindow(*w), t, lateness)
+                if action.fire:
                     self._fire(key, w, out, stamps)
-                if end + lateness <= t:
+                if action.purge:
                     windows.remove(w)
         return timestamped(out, stamps) if out else out
 
@@ -505,25 +497,31 @@ class _WindowOperator(_Keyed):
         seen: list[Any] = []
         mark = seen.append
         emit = self._emit
+        # ``on_timer``'s decisions, on the horizon of the timer's time, made
+        # once per time (timers come in time order, and many keys share one).
+        at, fired, gone = None, _INF, -_INF
         try:
             for t, key in timers.pop_due(self.domain, until):
                 m = table.get(key)
                 if not m:
                     continue  # left behind by a merged session
+                if t != at:
+                    at = t
+                    fired, gone = horizon(t, lateness)
                 if len(m) == 1:
                     w = next(iter(m))
                     end = w[1]
-                    if end == t:
+                    if end == fired:
                         emit(key, w, m[w], out, stamps, mark)
-                    if end + lateness <= t:
+                    if end <= gone:
                         table.pop(key, None)
                         mark(key)
                     continue
                 for w in sorted(m, key=_by_end):
                     end = w[1]
-                    if end == t:
+                    if end == fired:
                         emit(key, w, m[w], out, stamps, mark)
-                    if end + lateness <= t:
+                    if end <= gone:
                         del m[w]
                         mark(key)
                 if not m:
@@ -571,65 +569,15 @@ _MISSING: Any = object()
 
 
 @dataclass(frozen=True)
-class WindowSpec:
+class WindowSpec(KeyedSpec):
     """The window operator's payload: ``key_by(key_fn).window(assigner)``
     with its lateness, late-data tag and function."""
 
-    key_fn: Callable[[Any], Any]
     assigner: WindowAssigner
     adapter: WindowAdapter
     allowed_lateness: float = 0.0
     #: The name of the late side output's tag (``None``: late records are dropped).
     late_tag: str | None = None
 
-    def instantiate(self, ctx: OperatorContext) -> Operator:
+    def instantiate(self, ctx: OperatorContext) -> KeyedOperator:
         return _WindowOperator(ctx, self.key_fn, self)
-
-
-class _SelectSide(Operator):
-    """The records of one side output, unwrapped (with their timestamps)."""
-
-    pure = True
-
-    def __init__(self, ctx: OperatorContext, tag: str | None) -> None:
-        super().__init__(ctx)
-        self.tag = tag
-
-    def process(self, batch: list[Any]) -> list[Any]:
-        return self.process_ts(batch, None)[0]
-
-    def process_ts(self, batch: list[Any], timestamps: list[Any] | None
-                   ) -> tuple[list[Any], list[Any] | None]:
-        tag = self.tag
-        picked = [i for i, r in enumerate(batch)
-                  if (type(r) is SideRecord) == (tag is not None)
-                  and (tag is None or r.tag == tag)]
-        out = ([batch[i] for i in picked] if tag is None
-               else [batch[i].value for i in picked])
-        if timestamps is None:
-            return out, None
-        return out, [timestamps[i] for i in picked]
-
-    def output_counts(self, batch: list[Any]) -> list[int] | None:
-        tag = self.tag
-        return [int((type(r) is SideRecord) == (tag is not None)
-                    and (tag is None or r.tag == tag)) for r in batch]
-
-
-@dataclass(frozen=True)
-class SideOutputSpec:
-    """``get_side_output(tag)``: the records the operator before put in ``tag``."""
-
-    tag: OutputTag
-
-    def instantiate(self, ctx: OperatorContext) -> Operator:
-        return _SelectSide(ctx, self.tag.name)
-
-
-@dataclass(frozen=True)
-class MainOutputSpec:
-    """The main output of an operator with side outputs: its records that
-    are not side records."""
-
-    def instantiate(self, ctx: OperatorContext) -> Operator:
-        return _SelectSide(ctx, None)

@@ -33,7 +33,7 @@ from eddyflow.result import JobResult
 from eddyflow.runtime.checkpointing.coordinator import CheckpointConfig
 from eddyflow.runtime.job import JobRunner, RuntimeConfig
 from eddyflow.runtime.metrics import MetricsReporter
-from eddyflow.runtime.operators.base import SinkSpec
+from eddyflow.runtime.operators.io import SinkSpec
 from eddyflow.runtime.recovery.restore import RestoredCheckpoint
 from eddyflow.runtime.recovery.supersede import supersede_later_output
 

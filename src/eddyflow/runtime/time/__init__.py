@@ -1,2 +1,1 @@
-"""Time inside a task: clocks, the watermark valve, watermark generation and
-timers."""
+"""Time inside a task: clocks, the watermark valve and timers."""

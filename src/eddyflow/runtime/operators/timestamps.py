@@ -2,16 +2,16 @@
 
 The operator here (``_AssignTimestamps``) stamps each record with the
 strategy's timestamp and feeds it to the strategy's generator; the task emits
-the generator's watermark (``runtime/eventtime.py``). Chained right after a
+the generator's watermark (``runtime/time/valve.py``). Chained right after a
 source at the same parallelism, one instance sees exactly one source split
 group (an ``ef.Log`` partition group, a text-file split): watermarks are then
 per split (docs/concepts/event-time.md); elsewhere, per subtask of the operator.
 
 The strategy is an ``ef.WatermarkStrategy`` (``windowing/watermarks.py``):
 the runtime reads its ``timestamp`` extractor (``record -> float`` seconds)
-and ``idleness`` (seconds without a record after which the split is idle,
-or ``None``), and asks ``create_generator()`` for one generator per
-instance. Lateness, firing and the watermark arithmetic are defined once,
+and asks ``create_generator()`` for one generator per instance; when a
+split turns idle is the strategy's ``idle_at``/``is_idle``. Lateness,
+firing, idleness and the watermark arithmetic are defined once,
 there: a record with timestamp ``t`` is late iff ``t <`` the watermark; an
 event-time timer for ``t`` fires once the watermark is ``>= t``.
 """
@@ -38,8 +38,7 @@ class _AssignTimestamps(Operator):
         self.strategy = strategy
         self.extract = strategy.timestamp
         self.generator = strategy.create_generator()
-        self.idleness = strategy.idleness
-        self.uses_clock = self.idleness is not None
+        self.uses_clock = strategy.idleness is not None
         self.last_record = ctx.clock.now()
         self.idle = False
         #: The output's idleness changed and the task has not said so yet.
@@ -59,7 +58,7 @@ class _AssignTimestamps(Operator):
             on_event = self.generator.on_event
             for t in stamps:
                 on_event(t)
-        if batch and self.idleness is not None:
+        if batch and self.uses_clock:
             self.last_record = self.ctx.clock.now()
             if self.idle:
                 self.idle = False
@@ -67,15 +66,14 @@ class _AssignTimestamps(Operator):
         return batch, stamps
 
     def generated(self) -> float:
+        """The generator's watermark."""
         return self.generator.current_watermark()
 
     def next_processing_time(self) -> float | None:
-        if self.idleness is None or self.idle:
-            return None
-        return self.last_record + self.idleness
+        return None if self.idle else self.strategy.idle_at(self.last_record)
 
     def on_processing_time(self, now: float) -> list[Any]:
-        if self.idleness is not None and not self.idle and now - self.last_record >= self.idleness:
+        if not self.idle and self.strategy.is_idle(self.last_record, now):
             self.idle = True
             self.status_changed = True
         return []
@@ -83,6 +81,8 @@ class _AssignTimestamps(Operator):
 
 @dataclass(frozen=True)
 class AssignTimestampsSpec:
+    """``assign_timestamps_and_watermarks(strategy)``."""
+
     strategy: WatermarkStrategy
 
     def instantiate(self, ctx: OperatorContext) -> Operator:
