@@ -9,7 +9,7 @@ map and list state (flushed at the barrier), and its write cache flushed
 outside any snapshot ("in RocksDB"). A forked child hands the error over as
 itself, not as text, so that the restart loop can tell what it is. The
 runtime's side (the job fails at once) is in
-``tests/runtime/test_unpicklable_state.py``.
+``tests/integration/test_unpicklable_state.py``.
 """
 
 from __future__ import annotations

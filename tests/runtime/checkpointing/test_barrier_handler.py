@@ -1,7 +1,7 @@
 """The barrier handler on its own, fed by a real input gate the way a task's
 loop feeds it: alignment over two channels, unaligned barriers that
 overtake, the switch after the aligned timeout, and the cancellation of a
-checkpoint (an abort, or a newer barrier). ``tests/runtime/test_barriers.py``
+checkpoint (an abort, or a newer barrier). ``tests/runtime/checkpointing/test_barriers.py``
 checks its states call by call; these check what a task downstream sees."""
 
 from __future__ import annotations

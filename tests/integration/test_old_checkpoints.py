@@ -20,7 +20,7 @@ import pytest
 
 import eddyflow as ef
 
-FIXTURES = Path(__file__).parent / "fixtures" / "old_checkpoints"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "old_checkpoints"
 sys.path.insert(0, str(FIXTURES))
 
 import old_job  # noqa: E402

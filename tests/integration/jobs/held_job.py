@@ -1,4 +1,4 @@
-"""A job that holds still on request, for tests/runtime/test_folder_lock.py.
+"""A job that holds still on request, for tests/integration/test_folder_lock.py.
 
 ``from_collection(range(N)) -> map(hold) -> key_by -> count -> FileSink``.
 Once a checkpoint of its folder ``EF_HELD_CHK`` (one every 20 ms) has

@@ -1,4 +1,4 @@
-"""The job that ``tests/runtime/test_sigkill.py`` kills and restarts.
+"""The job that ``tests/integration/test_sigkill.py`` kills and restarts.
 
 ``from_log -> key_by(key) -> map_with_state(running count and sum) -> FileSink``.
 Each log record is ``[key, seq, value]``; the stateful map emits

@@ -1,4 +1,4 @@
-"""The loop job that ``tests/runtime/test_sigkill_loop.py`` kills and restarts.
+"""The loop job that ``tests/integration/test_sigkill_loop.py`` kills and restarts.
 
 ::
 

@@ -1,6 +1,6 @@
 """``CheckpointLayout`` names every file of a checkpoint folder as every
 checkpoint written so far names it: the names are the on-disk format
-(tests/test_old_checkpoints.py restores checkpoints of an earlier main)."""
+(tests/integration/test_old_checkpoints.py restores checkpoints of an earlier main)."""
 
 from __future__ import annotations
 

@@ -100,7 +100,7 @@ class StateBackendFactory:
 
     def child_env(self, folder: Path, **options: Any) -> dict[str, str]:
         """The environment variables that make a job file run in a child
-        process (``tests/runtime/jobs/``) use this backend, as
+        process (``tests/integration/jobs/``) use this backend, as
         ``make(folder, **options)`` would make it (``cache_size`` is the only
         option they pass on)."""
         env = {"EF_SIGKILL_BACKEND": self.name}
