@@ -403,6 +403,8 @@ class CheckpointCoordinator:
         log.log(level, "checkpoint %d aborted: %s", p.id, reason)
         if self._pending is p:
             self._pending = None
+        if self._final is p:
+            self._final = None
         self.aborted.append(p.id)
         abort = AbortCheckpoint(p.id, reason)
         for t in self.tasks:
@@ -438,10 +440,8 @@ class CheckpointCoordinator:
         behind whenever a checkpoint was in flight at the failure)."""
         self._stopped = True
         for p in (self._pending, self._final):
-            if p is not None and p.id not in self._completing:
+            if p is not None:
                 self._abort(p, "the run ended before it completed", logging.INFO)
-        if self._final is not None and self._final.id not in self._completing:
-            self._final = None
 
     def collect_shared_garbage(self) -> None:
         """Remove shared files no retained checkpoint references, unless a
