@@ -25,6 +25,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check src tests examples benchmarks
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 
 # The documentation site (mkdocs.yml) into site/; --strict fails on any warning
 # (a broken link or anchor, a docstring mkdocstrings cannot render).

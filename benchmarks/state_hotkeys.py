@@ -172,7 +172,7 @@ def run_hot(backend: str, data: HotData, expected: Expected, args: argparse.Name
     env.enable_checkpointing(interval=args.hot_interval, directory=folder, retained=1_000_000)
     sink = ProgressSink()
     aborts = _AbortLog()
-    log = logging.getLogger("eddyflow.checkpoints")
+    log = logging.getLogger("eddyflow.checkpoint.listing")
     log.addHandler(aborts)
 
     def build(e: ef.StreamEnvironment) -> None:

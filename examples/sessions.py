@@ -33,7 +33,7 @@ windows' state in RocksDB under FOLDER instead of in memory).
     eddyflow run examples/sessions.py -p 2 [--restore latest]
 
 Which results are deterministic (the tests rely on this; see
-``tests/runtime/test_examples_event_time.py`` and ``test_sigkill_sessions.py``)
+``tests/integration/test_examples_event_time.py`` and ``test_sigkill_sessions.py``)
 ------------------------------------------------------------------------------
 
 When a window fires depends on when watermarks arrive, which depends on how

@@ -4,7 +4,7 @@ The public API (docs/reference/) is re-exported here: ``import eddyflow as ef``.
 """
 
 from eddyflow import testing
-from eddyflow.checkpoints import CheckpointInfo, list_checkpoints
+from eddyflow.checkpoint.listing import CheckpointInfo, list_checkpoints
 from eddyflow.connectors import (
     FileSink,
     ListSink,
@@ -39,13 +39,13 @@ from eddyflow.state import (
     StateBackend,
     ValueState,
 )
+from eddyflow.state.ttl import StateTtl
 from eddyflow.windowing import (
     AggregateFunction,
     EventTimeSessionWindows,
     OutputTag,
     ProcessWindowFunction,
     SlidingEventTimeWindows,
-    StateTtl,
     TimeWindow,
     TumblingEventTimeWindows,
     TumblingProcessingTimeWindows,

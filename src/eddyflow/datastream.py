@@ -16,20 +16,19 @@ from typing import TYPE_CHECKING, Any
 from eddyflow.connectors.sink import PrintSink, Sink
 from eddyflow.functions import KeyedProcessFunction
 from eddyflow.graph.logical import Node, Partitioning
-from eddyflow.runtime.operators import (
-    FilterSpec,
-    FlatMapSpec,
-    IterationHeadSpec,
+from eddyflow.runtime.operators.io import SinkSpec
+from eddyflow.runtime.operators.keyed import (
     KeyedCountSpec,
-    KeyedProcessSpec,
     KeyedReduceSpec,
+    KeyedSpec,
     KeyedSumSpec,
-    MapSpec,
     MapWithStateSpec,
-    SinkSpec,
 )
-from eddyflow.runtime.watermarks import AssignTimestampsSpec
-from eddyflow.runtime.windows import MainOutputSpec, SideOutputSpec, WindowSpec
+from eddyflow.runtime.operators.process import KeyedProcessSpec
+from eddyflow.runtime.operators.side_outputs import MainOutputSpec, SideOutputSpec
+from eddyflow.runtime.operators.stateless import FilterSpec, FlatMapSpec, IterationHeadSpec, MapSpec
+from eddyflow.runtime.operators.timestamps import AssignTimestampsSpec
+from eddyflow.runtime.operators.windows import WindowSpec
 from eddyflow.windowing.functions import (
     AggregateAdapter,
     AggregateFunction,
@@ -62,7 +61,27 @@ def _check_callable(fn: Any, what: str, where: str) -> None:
         raise TypeError(f"{where}: {what} must be callable, got {fn!r:.100}")
 
 
+def _reads(inputs: tuple[_Input, ...]) -> list[tuple[int, Partitioning]]:
+    """What an operator reading ``inputs`` reads: node ids and partitioning."""
+    return [(source, part) for source, part, _ in inputs]
+
+
+def _add_operator(env: StreamEnvironment, inputs: tuple[_Input, ...], kind: str, payload: Any,
+                  *, detail: str = "", is_sink: bool = False) -> Node:
+    """Add an operator reading ``inputs`` to ``env``'s graph, with its edges.
+    The node is keyed iff its spec is (``KeyedSpec``, the one source)."""
+    graph = env.graph
+    node = graph.add_node(kind, payload, inputs=_reads(inputs), detail=detail,
+                          keyed=isinstance(payload, KeyedSpec), is_sink=is_sink)
+    for source, part, key_fn in inputs:
+        graph.add_edge(source, node.id, part, key_fn)
+    return node
+
+
 class DataStream:
+    """A stream of records: the outputs of one or more operators, and how the
+    next operator reads them (see the module docstring)."""
+
     def __init__(
         self, env: StreamEnvironment, inputs: tuple[_Input, ...], node: Node | None = None
     ) -> None:
@@ -72,41 +91,41 @@ class DataStream:
 
     # -- adding operators --------------------------------------------------
 
-    def _reads(self) -> list[tuple[int, Partitioning]]:
-        """What the next operator reads: its inputs' node ids and partitioning."""
-        return [(source, part) for source, part, _ in self._inputs]
-
     def _next_uid(self, kind: str, detail: str = "") -> str:
         """The uid the next operator of ``kind`` gets unless it is named (for
         the messages of checks made before it is added)."""
-        return self._env._graph.generated_uid(kind, self._reads(), detail)[0]
+        return self._env.graph.generated_uid(kind, _reads(self._inputs), detail)[0]
 
-    def _add(self, kind: str, payload: Any, *, detail: str = "", keyed: bool = False,
-             is_sink: bool = False, parallelism: int | None = None) -> Node:
-        graph = self._env._graph
-        node = graph.add_node(kind, payload, inputs=self._reads(), detail=detail, keyed=keyed,
-                              is_sink=is_sink, parallelism=parallelism)
-        for source, part, key_fn in self._inputs:
-            graph.add_edge(source, node.id, part, key_fn)
-        return node
+    def _add(self, kind: str, payload: Any, *, detail: str = "",
+             is_sink: bool = False) -> Node:
+        return _add_operator(self._env, self._inputs, kind, payload, detail=detail,
+                             is_sink=is_sink)
+
+    def _inputs_of(self, other: DataStream) -> tuple[_Input, ...] | None:
+        """What reads ``other`` if it is a stream of this job (``None`` if
+        not): for ``union`` and a loop's ``close_with``."""
+        return other._inputs if other._env is self._env else None
 
     def _then(self, kind: str, make: Callable[[str], Any], **attrs: Any) -> DataStream:
         node = self._add(kind, make(self._next_uid(kind)), **attrs)
         return DataStream(self._env, ((node.id, Partitioning.DEFAULT, None),), node)
 
     def map(self, fn: Callable[[Any], Any]) -> DataStream:
+        """``fn(record)`` per record."""
         def make(uid: str) -> MapSpec:
             _check_callable(fn, "map function", f"operator '{uid}'")
             return MapSpec(fn)
         return self._then("map", make)
 
     def flat_map(self, fn: Callable[[Any], Iterable[Any]]) -> DataStream:
+        """Every item of ``fn(record)`` per record (none, one or many)."""
         def make(uid: str) -> FlatMapSpec:
             _check_callable(fn, "flat_map function", f"operator '{uid}'")
             return FlatMapSpec(fn)
         return self._then("flat_map", make)
 
     def filter(self, pred: Callable[[Any], Any]) -> DataStream:
+        """The records for which ``pred(record)`` is true."""
         def make(uid: str) -> FilterSpec:
             _check_callable(pred, "filter predicate", f"operator '{uid}'")
             return FilterSpec(pred)
@@ -140,10 +159,12 @@ class DataStream:
         )
 
     def rebalance(self) -> DataStream:
+        """Spread the records round-robin over the next operator's subtasks."""
         return DataStream(self._env, tuple((s, Partitioning.REBALANCE, None)
                                            for s, _, _ in self._inputs))
 
     def broadcast(self) -> DataStream:
+        """Every record to every subtask of the next operator."""
         return DataStream(self._env, tuple((s, Partitioning.BROADCAST, None)
                                            for s, _, _ in self._inputs))
 
@@ -153,13 +174,15 @@ class DataStream:
                                            for s, _, _ in self._inputs))
 
     def union(self, *others: DataStream) -> DataStream:
+        """This stream's records and ``others``', read as one stream."""
         inputs = list(self._inputs)
         for o in others:
             if not isinstance(o, DataStream):
                 raise TypeError(f"union takes DataStreams, got {o!r:.100}")
-            if o._env is not self._env:
+            theirs = self._inputs_of(o)
+            if theirs is None:
                 raise ValueError("union of streams from different environments")
-            inputs.extend(o._inputs)
+            inputs.extend(theirs)
         return DataStream(self._env, tuple(inputs))
 
     # -- cycles --------------------------------------------------------------
@@ -186,7 +209,7 @@ class DataStream:
     def _describe(self) -> str:
         if self._node is not None:
             return self._node.uid
-        nodes = self._env._graph.nodes
+        nodes = self._env.graph.nodes
         return " + ".join(nodes[s].uid for s, _, _ in self._inputs)
 
     def _own_node(self, what: str) -> Node:
@@ -198,6 +221,7 @@ class DataStream:
         return self._node
 
     def set_parallelism(self, n: int) -> DataStream:
+        """Run the operator just added as ``n`` parallel subtasks."""
         node = self._own_node("set_parallelism")
         if isinstance(n, bool) or not isinstance(n, int):
             raise TypeError(f"operator '{node.uid}': parallelism must be an int, got {n!r}")
@@ -217,7 +241,7 @@ class DataStream:
         node = self._own_node("name")
         if not isinstance(label, str) or not label or "/" in label or label.startswith("."):
             raise ValueError(f"operator '{node.uid}': invalid name {label!r}")
-        for other in self._env._graph.nodes:
+        for other in self._env.graph.nodes:
             if other is not node and other.uid == label:
                 raise ValueError(f"operator name {label!r} is already used in this job")
         node.uid = label
@@ -226,11 +250,13 @@ class DataStream:
 
     @property
     def operator_name(self) -> str:
+        """The uid of the operator just added (its name, if it was given one)."""
         return self._own_node("operator_name").uid
 
     # -- sinks ---------------------------------------------------------------
 
     def sink_to(self, sink: Sink) -> DataStream:
+        """Write the records to ``sink`` (an ``ef.Sink``)."""
         if not isinstance(sink, Sink):
             raise TypeError(
                 f"sink_to after '{self._describe()}' needs an ef.Sink, got {sink!r:.100}"
@@ -241,6 +267,7 @@ class DataStream:
         return DataStream(self._env, (), node)
 
     def print(self) -> DataStream:
+        """Print each record to stdout (``ef.PrintSink``: not transactional)."""
         return self.sink_to(PrintSink())
 
     # -- keyed operations on a non-keyed stream: say what to do -----------------
@@ -251,18 +278,23 @@ class DataStream:
         )
 
     def count(self) -> DataStream:
+        """Keyed streams only: raises ``TypeError`` (call ``key_by`` first)."""
         raise self._needs_key("count()")
 
     def reduce(self, fn: Callable[[Any, Any], Any]) -> DataStream:
+        """Keyed streams only: raises ``TypeError`` (call ``key_by`` first)."""
         raise self._needs_key("reduce()")
 
     def sum(self, value_fn: Callable[[Any], Any] = _second) -> DataStream:
+        """Keyed streams only: raises ``TypeError`` (call ``key_by`` first)."""
         raise self._needs_key("sum()")
 
     def map_with_state(self, fn: Callable[[Any, Any], tuple[Any, Any]]) -> DataStream:
+        """Keyed streams only: raises ``TypeError`` (call ``key_by`` first)."""
         raise self._needs_key("map_with_state()")
 
     def process(self, fn: KeyedProcessFunction) -> DataStream:
+        """Keyed streams only: raises ``TypeError`` (call ``key_by`` first)."""
         raise self._needs_key("process()")
 
 
@@ -274,26 +306,23 @@ class KeyedStream(DataStream):
         super().__init__(env, inputs)
         self.key_fn = key_fn
 
-    def _keyed(self, kind: str, make: Callable[[str], Any]) -> DataStream:
-        return self._then(kind, make, keyed=True)
-
     def count(self) -> DataStream:
         """Emits ``(key, running count)`` per record."""
-        return self._keyed("count", lambda uid: KeyedCountSpec(self.key_fn))
+        return self._then("count", lambda uid: KeyedCountSpec(self.key_fn))
 
     def reduce(self, fn: Callable[[Any, Any], Any]) -> DataStream:
         """Emits ``(key, fn(previous, record))`` per record (the record itself first)."""
         def make(uid: str) -> KeyedReduceSpec:
             _check_callable(fn, "reduce function", f"operator '{uid}'")
             return KeyedReduceSpec(self.key_fn, fn)
-        return self._keyed("reduce", make)
+        return self._then("reduce", make)
 
     def sum(self, value_fn: Callable[[Any], Any] = _second) -> DataStream:
         """Emits ``(key, running sum of value_fn(record))`` per record."""
         def make(uid: str) -> KeyedSumSpec:
             _check_callable(value_fn, "sum value_fn", f"operator '{uid}'")
             return KeyedSumSpec(self.key_fn, value_fn)
-        return self._keyed("sum", make)
+        return self._then("sum", make)
 
     def map_with_state(self, fn: Callable[[Any, Any], tuple[Any, Any]]) -> DataStream:
         """``fn(record, state_or_None) -> (output, new_state)``; a new state of
@@ -301,9 +330,11 @@ class KeyedStream(DataStream):
         def make(uid: str) -> MapWithStateSpec:
             _check_callable(fn, "map_with_state function", f"operator '{uid}'")
             return MapWithStateSpec(self.key_fn, fn)
-        return self._keyed("map_with_state", make)
+        return self._then("map_with_state", make)
 
     def process(self, fn: KeyedProcessFunction) -> DataStream:
+        """``fn`` (an ``ef.KeyedProcessFunction``) per record, with keyed state
+        and timers."""
         def make(uid: str) -> KeyedProcessSpec:
             if isinstance(fn, type):
                 raise TypeError(f"operator '{uid}': process takes an instance, got the class "
@@ -313,7 +344,7 @@ class KeyedStream(DataStream):
                     f"operator '{uid}': process needs an ef.KeyedProcessFunction, got {fn!r:.100}"
                 )
             return KeyedProcessSpec(self.key_fn, fn)
-        return self._keyed("process", make)
+        return self._then("process", make)
 
     def window(self, assigner: WindowAssigner) -> WindowedStream:
         """Group each key's records into windows (``ef.TumblingEventTimeWindows``,
@@ -323,15 +354,18 @@ class KeyedStream(DataStream):
         if not isinstance(assigner, WindowAssigner):
             raise TypeError(f"window after '{self._describe()}' needs a window assigner such "
                             f"as ef.TumblingEventTimeWindows(60.0), got {assigner!r:.100}")
-        return WindowedStream(self, assigner)
+        return WindowedStream(self._env, self._inputs, self.key_fn, assigner)
 
 
 class WindowedStream:
     """``key_by(...).window(assigner)``: set ``allowed_lateness`` and
     ``side_output_late_data``, then apply the window function."""
 
-    def __init__(self, keyed: KeyedStream, assigner: WindowAssigner) -> None:
-        self._keyed_stream = keyed
+    def __init__(self, env: StreamEnvironment, inputs: tuple[_Input, ...],
+                 key_fn: Callable[[Any], Any], assigner: WindowAssigner) -> None:
+        self._env = env
+        self._inputs = inputs  # the keyed stream's: the window operator reads them
+        self._key_fn = key_fn
         self._assigner = assigner
         self._lateness = 0.0
         self._late_tag: OutputTag | None = None
@@ -356,13 +390,12 @@ class WindowedStream:
 
     def _apply(self, adapter: WindowAdapter) -> WindowedDataStream:
         check_window_function(adapter, self._assigner)
-        keyed = self._keyed_stream
         tag = self._late_tag
-        spec = WindowSpec(keyed.key_fn, self._assigner, adapter, self._lateness,
+        spec = WindowSpec(self._key_fn, self._assigner, adapter, self._lateness,
                           None if tag is None else tag.name)
         detail = f"{type(self._assigner).__name__}.{adapter.method}"
-        node = keyed._add("window", spec, detail=detail, keyed=True)
-        return WindowedDataStream(keyed._env, node, tag)
+        node = _add_operator(self._env, self._inputs, "window", spec, detail=detail)
+        return WindowedDataStream(self._env, node, tag)
 
     def reduce(self, fn: Callable[[Any, Any], Any]) -> WindowedDataStream:
         """``fn(a, b)`` folds a window's records; emits ``ef.WindowResult``."""
@@ -402,7 +435,7 @@ class WindowedDataStream(DataStream):
         super().__init__(env, inputs, node)
 
     def _select(self, kind: str, spec: Any, env: StreamEnvironment | None = None) -> Node:
-        graph = (env or self._env)._graph
+        graph = (env or self._env).graph
         source = self._window_node
         node = graph.add_node(kind, spec, inputs=[(source.id, Partitioning.DEFAULT)],
                               parallelism=source.parallelism)
@@ -411,6 +444,7 @@ class WindowedDataStream(DataStream):
         return node
 
     def set_parallelism(self, n: int) -> DataStream:
+        """Run the window operator as ``n`` parallel subtasks."""
         super().set_parallelism(n)
         for node in self._selects:  # they chain to the window operator
             node.parallelism = n
@@ -443,11 +477,12 @@ class IterativeStream(DataStream):
         head = self._own_node("close_with")
         if self._closed:
             raise ValueError(f"loop '{head.uid}' is already closed")
-        if not isinstance(feedback, DataStream) or feedback._env is not self._env:
+        fed = self._inputs_of(feedback) if isinstance(feedback, DataStream) else None
+        if fed is None:
             raise TypeError(f"loop '{head.uid}': close_with needs a DataStream of the same job")
-        if not feedback._inputs:
+        if not fed:
             raise TypeError(f"loop '{head.uid}': close_with needs a stream, not a sink")
-        graph = self._env._graph
-        for source, part, key_fn in feedback._inputs:
+        graph = self._env.graph
+        for source, part, key_fn in fed:
             graph.add_edge(source, head.id, part, key_fn, feedback=True)
         self._closed = True

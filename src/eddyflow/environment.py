@@ -3,96 +3,32 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
-import secrets
 from collections.abc import AsyncIterable, Iterable
 from typing import Any
 
 from eddyflow.connectors.asynciter import AsyncIterableSource
 from eddyflow.connectors.collection import CollectionSource
 from eddyflow.connectors.log import LogSource
-from eddyflow.connectors.sink import Sink
 from eddyflow.connectors.source import Source
 from eddyflow.connectors.textfile import TextFileSource
 from eddyflow.datastream import DataStream
-from eddyflow.errors import JobFailed, RestoreRefused, is_retryable
 from eddyflow.graph.logical import LogicalGraph, Partitioning
 from eddyflow.graph.plan import ExecutionPlan, build_plan
 from eddyflow.keygroups import MAX_PARALLELISM
 from eddyflow.restart import NoRestart, RestartStrategy
 from eddyflow.result import JobResult
-from eddyflow.runtime.barriers import MODES, CheckpointMode
-from eddyflow.runtime.clock import WALL_CLOCK, Clock
-from eddyflow.runtime.coordinator import CheckpointConfig
-from eddyflow.runtime.job import JobRunner, RuntimeConfig
+from eddyflow.runtime.checkpointing.barriers import MODES, CheckpointMode
+from eddyflow.runtime.checkpointing.coordinator import CheckpointConfig
+from eddyflow.runtime.job import RuntimeConfig
 from eddyflow.runtime.metrics import MetricsCallback, MetricsReporter
-from eddyflow.runtime.operators import SinkSpec, SourceSpec
-from eddyflow.runtime.restore import RestoredCheckpoint
-from eddyflow.runtime.supersede import supersede_later_output
+from eddyflow.runtime.operators.io import SourceSpec
+from eddyflow.runtime.recovery.restart import JobExecution
+from eddyflow.runtime.time.clock import WALL_CLOCK, Clock
 from eddyflow.state.abc import StateBackend
-from eddyflow.state.commits import commit_record_ids, next_checkpoint_id
-from eddyflow.state.lock import FolderLock
 from eddyflow.state.memory import MemoryStateBackend
-from eddyflow.state.metadata import read_checkpoint
-from eddyflow.state.storage import (
-    METADATA,
-    CheckpointCorrupted,
-    CheckpointStorage,
-    parse_checkpoint_dir,
-)
 
 __all__ = ["StreamEnvironment"]
-
-log = logging.getLogger("eddyflow")
-
-
-def _latest_or_refuse(storage: CheckpointStorage) -> RestoredCheckpoint | None:
-    """The latest checkpoint of ``storage`` that verifies; ``None`` for a
-    folder where no checkpoint ever completed; refused where some did but
-    none verifies: a fresh start there would write the sinks' output again."""
-    latest = RestoredCheckpoint.latest(storage)
-    if latest is not None:
-        return latest
-    completed = sorted(set(storage.completed_ids()) | set(commit_record_ids(storage)))
-    if not completed:
-        return None
-    raise RestoreRefused(
-        f"restore='latest': no checkpoint in {storage.root} verifies (checkpoints "
-        f"{', '.join(map(str, completed))} completed; the warnings above say what is "
-        "wrong with each); pass restore=None to start afresh deliberately")
-
-
-def _base_of(restored: RestoredCheckpoint | None, own: str | None) -> tuple[str, int] | None:
-    """The ``base`` of a run's checkpoints (state/commits.py): a restore from
-    the job's own folder inherits its checkpoint's, one from another folder
-    is based on that checkpoint; a fresh start has none."""
-    if restored is None:
-        return None
-    if restored.storage.root == own:
-        return restored.meta.base
-    return (restored.storage.root, restored.checkpoint_id)
-
-
-def _report_lost_metadata(storage: CheckpointStorage) -> None:
-    """A ``chk-<n>`` folder without ``_metadata`` cannot be restored and is
-    removed at start. Say so: normally a checkpoint a crash interrupted
-    (its state files may live in ``shared/``), but possibly one whose
-    ``_metadata`` was lost — certainly that when its sinks had committed (a
-    commit record exists)."""
-    committed = set(commit_record_ids(storage))
-    for n in storage.checkpoint_ids():
-        folder = storage.checkpoint_dir(n)
-        meta = os.path.join(folder, METADATA)
-        if os.path.exists(meta) or os.path.exists(meta + ".superseded"):
-            continue
-        if n in committed:
-            log.warning("checkpoint %d had completed (its sinks committed its output) but "
-                        "%s is missing: it cannot be restored and is removed", n, meta)
-        else:
-            log.warning("%s has no _metadata (a checkpoint a crash interrupted, or one "
-                        "whose _metadata was lost): it cannot be restored and is removed",
-                        folder)
 
 
 def _positive_int(value: Any, what: str) -> int:
@@ -177,6 +113,12 @@ class StreamEnvironment:
         self._metrics_port: int | None = None
         #: Where ``expose_metrics`` serves, while the job runs: (host, port).
         self.metrics_address: tuple[str, int] | None = None
+
+    @property
+    def graph(self) -> LogicalGraph:
+        """The logical graph of the job declared so far: the DataStream API
+        adds an operator to it per transformation."""
+        return self._graph
 
     # -- configuration -------------------------------------------------------
 
@@ -322,10 +264,6 @@ class StreamEnvironment:
             auto_watermark_interval=self.auto_watermark_interval,
         )
 
-    def _storage(self) -> CheckpointStorage | None:
-        cfg = self.checkpoint_config
-        return CheckpointStorage(cfg.directory) if cfg is not None else None
-
     def _refuse_second_execution(self, job_name: str) -> None:
         """Refuse a second run of this environment, before anything is done
         (a refused run must not touch the checkpoint folder or the sinks of
@@ -338,26 +276,6 @@ class StreamEnvironment:
             raise RuntimeError(
                 f"this StreamEnvironment already executed job '{self._executed}'; build a "
                 f"new environment to run '{job_name}' (its sinks hold the first run's output)")
-
-    def _resolve_restore(self, restore: str | os.PathLike[str] | None
-                         ) -> RestoredCheckpoint | None:
-        if restore is None:
-            return None
-        storage = self._storage()
-        if restore == "latest":
-            if storage is None:
-                return None  # nothing can have been checkpointed: a fresh start
-            return _latest_or_refuse(storage)
-        path = os.path.abspath(os.fspath(restore))
-        n = parse_checkpoint_dir(path)
-        if n is None:
-            raise ValueError(f"restore={restore!r}: expected 'latest' or a chk-<n> folder")
-        at = CheckpointStorage(os.path.dirname(path))
-        try:
-            meta = read_checkpoint(at, n, verify_files=True)
-        except CheckpointCorrupted as exc:
-            raise RestoreRefused(f"cannot restore from {path}: {exc}") from exc
-        return RestoredCheckpoint(at, n, meta)
 
     async def execute_async(self, job_name: str = "eddyflow job",
                             restore: str | os.PathLike[str] | None = None, *,
@@ -382,112 +300,20 @@ class StreamEnvironment:
         """
         plan = self.plan()
         self._refuse_second_execution(job_name)
-        config = self._runtime_config()
-        storage = self._storage()
-        lock = FolderLock(storage.root, job_name) if storage is not None else None
-        if lock is not None:
-            lock.acquire()
-        try:
-            return await self._execute_locked(plan, config, storage, job_name, restore,
-                                              allow_non_restored_state)
-        finally:
-            if lock is not None:
-                lock.release()
-
-    async def _execute_locked(self, plan: ExecutionPlan, config: RuntimeConfig,
-                              storage: CheckpointStorage | None, job_name: str,
-                              restore: str | os.PathLike[str] | None,
-                              allow_non_restored_state: bool) -> JobResult:
-        if storage is not None:
-            _report_lost_metadata(storage)
-        restored = self._resolve_restore(restore)
-        if restored is not None:
-            restored.check_compatible(plan, allow_non_restored_state=allow_non_restored_state)
-        # A fresh start draws a new lineage; a restore continues the one of
-        # its checkpoint (state/commits.py).
-        lineage = (restored.meta.lineage if restored is not None else None) \
-            or secrets.token_hex(8)
-        sinks = {n.uid: n.payload.sink for n in plan.graph.nodes
-                 if isinstance(n.payload, SinkSpec)}
-        journals = [s for s in (storage, restored.storage if restored else None)
-                    if s is not None]
-        own = storage.root if storage is not None else None
-        if restored is not None:
-            supersede_later_output(restored, lineage, journals, sinks, own=own)
-        if storage is not None:
-            storage.ensure()
-            removed = storage.clean_incomplete()
-            if removed:
-                log.info("removed incomplete checkpoints %s", removed)
-        self._executed = job_name  # (no await since the check: it holds)
-        reporter = MetricsReporter.create(job_name, self._metric_callbacks, self._metrics_port)
-        reporter.start_server()
-        self.metrics_address = reporter.address
-        watching = asyncio.ensure_future(reporter.run())
-        ok = False
-        try:
-            result = await self._run_attempts(plan, config, storage, job_name, restored,
-                                              lineage, sinks, journals, own, reporter)
-            ok = True
-        finally:
-            watching.cancel()
-            await asyncio.gather(watching, return_exceptions=True)
-            # The callbacks see the end of a job that finished; a failed one
-            # ends in its exception.
-            result_metrics = reporter.finish(notify=ok)
-            reporter.stop_server()
-            self.metrics_address = None
-        result.metrics = result_metrics
-        return result
-
-    async def _run_attempts(self, plan: ExecutionPlan, config: RuntimeConfig,
-                            storage: CheckpointStorage | None, job_name: str,
-                            restored: RestoredCheckpoint | None, lineage: str,
-                            sinks: dict[str, Sink], journals: list[CheckpointStorage],
-                            own: str | None, reporter: MetricsReporter) -> JobResult:
-        strategy = self.restart_strategy
-        restarts = 0
-        completed: list[int] = []
-        # A restart resumes from this execution's own checkpoints (or the one
-        # it was restored from), never from those of an earlier, unrelated run
-        # that happen to share the directory.
-        initial = restored  # may live in another directory than our own checkpoints
-        used_ids = 1  # ids are never reused within an execution, aborted ones included
-        while True:
-            next_id = max(next_checkpoint_id(storage) if storage is not None else 1, used_ids)
-            runner = JobRunner(plan, config, job_name, checkpointing=self.checkpoint_config,
-                               restore=restored, next_checkpoint_id=next_id,
-                               completed_checkpoints=completed, lineage=lineage,
-                               base=_base_of(restored, own))
-            reporter.attach(runner, restarts)
+        execution = JobExecution(plan, self._runtime_config(), job_name,
+                                 checkpointing=self.checkpoint_config,
+                                 restart_strategy=self.restart_strategy)
+        with execution.locked():
+            execution.prepare(restore, allow_non_restored_state=allow_non_restored_state)
+            self._executed = job_name  # (no await since the check: it holds)
+            reporter = MetricsReporter.create(job_name, self._metric_callbacks,
+                                              self._metrics_port)
+            reporter.start_server()
+            self.metrics_address = reporter.address
             try:
-                result = await runner.run()
-            except JobFailed as exc:
-                completed = list(runner.coordinator.completed)
-                used_ids = runner.coordinator.next_id
-                if restarts >= strategy.attempts or not is_retryable(exc):
-                    # (A failure that a restart cannot get past, such as a
-                    # state value that cannot be pickled, fails the job at
-                    # once: retrying would only fail the same way again.)
-                    if restarts:
-                        exc.add_note(f"the job was restarted {restarts} times")
-                    raise
-                restarts += 1
-                log.warning("job '%s' failed (%s); restart %d of %d", job_name, exc,
-                            restarts, strategy.attempts)
-                await asyncio.sleep(strategy.delay)
-                restored = initial
-                if storage is not None:
-                    storage.clean_incomplete()  # the failed attempt's checkpoint in flight
-                    latest = RestoredCheckpoint.latest(storage, among=completed)
-                    if latest is not None:
-                        restored = latest
-                    # The latest completed checkpoint may not verify any more:
-                    # what the sinks committed after the one resumed from goes.
-                    supersede_later_output(restored, lineage, journals, sinks, own=own)
-                continue
-            result.restarts = restarts
-            return result
+                return await execution.run(reporter)
+            finally:
+                self.metrics_address = None
 
     def execute(self, job_name: str = "eddyflow job", restore: str | None = None, *,
                 allow_non_restored_state: bool = False) -> JobResult:

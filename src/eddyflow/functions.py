@@ -19,10 +19,10 @@ from eddyflow.state.handles import (
     TtlValueState,
     ValueState,
 )
-from eddyflow.windowing.ttl import StateTtl
+from eddyflow.state.ttl import StateTtl
 
 if TYPE_CHECKING:
-    from eddyflow.runtime.timers import TimerService
+    from eddyflow.runtime.time.timers import TimerService
 
 __all__ = ["KeyedProcessFunction", "RuntimeContext"]
 
@@ -65,22 +65,26 @@ class RuntimeContext:
 
     def value_state(self, name: str, default: Any = None, *,
                     ttl: StateTtl | None = None) -> ValueState[Any]:
+        """The keyed value state ``name`` (``default`` for a key without one)."""
         if ttl is not None:
             return TtlValueState(self._backend, name, default, ttl, self._now)
         return ValueState(self._backend, name, default)
 
     def list_state(self, name: str, *, ttl: StateTtl | None = None) -> ListState[Any]:
+        """The keyed list state ``name``."""
         if ttl is not None:
             return TtlListState(self._backend, name, ttl, self._now)
         return ListState(self._backend, name)
 
     def map_state(self, name: str, *, ttl: StateTtl | None = None) -> MapState[Any, Any]:
+        """The keyed map state ``name``."""
         if ttl is not None:
             return TtlMapState(self._backend, name, ttl, self._now)
         return MapState(self._backend, name)
 
     def reducing_state(self, name: str, fn: Callable[[Any, Any], Any], *,
                        ttl: StateTtl | None = None) -> ReducingState[Any]:
+        """The keyed reducing state ``name``: ``add`` folds a value in with ``fn``."""
         if ttl is not None:
             return TtlReducingState(self._backend, name, fn, ttl, self._now)
         return ReducingState(self._backend, name, fn)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from eddyflow.runtime.clock import ManualClock
 from eddyflow.runtime.faults import FAULT_POINTS, InjectedFailure, arm, disarm_all
+from eddyflow.runtime.time.clock import ManualClock
 
 __all__ = ["FAULT_POINTS", "FailingMap", "InjectedFailure", "ManualClock", "arm", "disarm_all"]
 

@@ -209,7 +209,7 @@ def test_checkpoints_usage_errors(tmp_path: Path) -> None:
 
 
 def test_checkpoint_folder_of_a_live_job_is_refused(tmp_path: Path) -> None:
-    from eddyflow.state.lock import FolderLock
+    from eddyflow.checkpoint.lock import FolderLock
 
     with FolderLock(tmp_path / "chk", "other"):
         line = _one_error_line(cli("run", str(word_job(tmp_path))), 2)

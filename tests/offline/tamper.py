@@ -10,9 +10,10 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from eddyflow.checkpoint.layout import METADATA
+from eddyflow.checkpoint.storage import CheckpointStorage, FileHandle, _checksum_of
 from eddyflow.offline.checkpoint import keyed_files, open_checkpoint, read_keyed_file
 from eddyflow.state.format import encode_frames
-from eddyflow.state.storage import METADATA, CheckpointStorage, FileHandle, _checksum_of
 
 Entry = tuple[int, str, Any, Any]  # key group, state, key, value
 
@@ -42,7 +43,7 @@ def rewrite_state(chk: str, operator: str,
         part = meta["operators"][operator]["subtasks"][str(kf.subtask)]["keyed"]
         part.update(files=[{**handle, "index": {k: list(v) for k, v in index.items()},
                             "full": True}], entries=len(entries))
-        old = {f.handle.path for f in kf.files}
+        old = {f.path for f in kf.handle.file_handles()}
         meta["files"] = [f for f in meta["files"] if f["path"] not in old] + [handle]
     meta["checksum"] = _checksum_of(meta)
     with open(os.path.join(ref.path, METADATA), "w") as f:
@@ -74,7 +75,7 @@ def garble_state_file(chk: str, operator: str) -> str:
     ref = open_checkpoint(chk)
     meta = CheckpointStorage(ref.root).read_metadata(ref.id)
     kf = keyed_files(ref, operator)[0]
-    rel = kf.files[0].handle.path
+    rel = kf.handle.file_handles()[0].path
     path = os.path.join(ref.root, rel)
     with open(path, "rb") as f:
         data = bytearray(f.read())
@@ -105,8 +106,8 @@ def rewrite_channel_state(chk: str, change: Callable[[list[Any]], list[Any]]) ->
     whose records are ``change(records)`` for each logged batch, keeping
     the checkpoint valid (sizes and checksums re-signed). Returns how many
     files were rewritten."""
-    from eddyflow.backedge.log import encode_batch, encode_logged_channels
-    from eddyflow.runtime.channel_state import read_channel_state
+    from eddyflow.runtime.checkpointing.backedge_log import encode_batch, encode_logged_channels
+    from eddyflow.runtime.checkpointing.channel_state import read_channel_state
 
     ref = open_checkpoint(chk)
     meta = CheckpointStorage(ref.root).read_metadata(ref.id)

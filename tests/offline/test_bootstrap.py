@@ -20,15 +20,16 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from conftest import EXAMPLES, env_for
+from job_support import BACKENDS
 from tamper import change_one_drop_one, rewrite_state
 
 import eddyflow as ef
+from eddyflow.checkpoint.metadata import read_checkpoint
+from eddyflow.checkpoint.storage import CheckpointStorage
 from eddyflow.cli.main import main
 from eddyflow.jobfile import build_environment
 from eddyflow.offline import BootstrapError, bootstrap, open_checkpoint, validate
-from eddyflow.offline.bootstrap import _python
-from eddyflow.state.metadata import read_checkpoint
-from eddyflow.state.storage import CheckpointStorage
+from eddyflow.offline.bootstrap_executors import spark_to_python as _python
 
 WORDCOUNT = EXAMPLES / "wordcount.py"
 JOBS = Path(__file__).parent / "jobs"
@@ -84,7 +85,7 @@ def restored_run(job: Path, restore: str, parallelism: int,
     return env.execute(job.stem, restore=restore)
 
 
-@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_round_trip_through_the_word_count(spark: Any, corpus: dict[str, Any],
                                            wordcount_env: Path, backend: str) -> None:
     tmp = wordcount_env

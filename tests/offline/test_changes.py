@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from conftest import EXAMPLES, env_for
+from job_support import BACKENDS
 from test_validate import FAULTS, write_text
 
 import eddyflow as ef
@@ -104,7 +105,7 @@ def kinds(directory: Path, start: int, end: int) -> tuple[int, int]:
     return len(plan.deltas), len(plan.diffs)
 
 
-@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_word_count_changes_are_the_difference_of_read_state(
         spark: Any, in_tmp: Path, monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
     setup_wordcount(in_tmp, monkeypatch)
@@ -152,7 +153,7 @@ def phased_run(tmp: Path, backend: str, monkeypatch: pytest.MonkeyPatch, keys: i
     return chk, at_gate[-1], infos[-1].id
 
 
-@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_deletions_rewrites_and_keys_created_and_deleted_in_between(
         spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
     """Between the end of phase one and the end (jobs/phased_state.py): 50

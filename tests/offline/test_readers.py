@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from conftest import EXAMPLES, run_with_failures
+from job_support import BACKENDS
 from test_validate import backedge_records, setup_cc
 
 import eddyflow as ef
@@ -103,7 +104,7 @@ class Remember(ef.KeyedProcessFunction):
         yield value
 
 
-@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_state_with_a_ttl_reads_as_the_user_values(spark: Any, tmp_path: Path,
                                                    backend: str) -> None:
     """``read_state`` and ``state_rdd`` show a state with a TTL without the

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 from conftest import EXAMPLES
+from job_support import BACKENDS
 
 import eddyflow as ef
 from eddyflow.jobfile import build_environment
@@ -55,7 +56,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("WORDCOUNT_OUTPUT", str(tmp / "out"))
-        for backend in ("memory", "rocksdb"):
+        for backend in BACKENDS:
             env, _ = build_environment(WORDCOUNT, parallelism=2)
             if backend == "rocksdb":
                 env.set_state_backend(ef.RocksDBStateBackend(tmp / "rocks"))
@@ -94,7 +95,7 @@ def phased(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]
     backend's pair is read from its delta files, RocksDB's diffed)."""
     out: dict[str, dict[str, Any]] = {}
     keys = 2_000
-    for backend in ("memory", "rocksdb"):
+    for backend in BACKENDS:
         tmp = tmp_path_factory.mktemp(f"phased-{backend}")
         chk = tmp / "chk"
         with pytest.MonkeyPatch.context() as mp:
@@ -145,7 +146,7 @@ def runs(standalone: Any, checkpoints: dict[str, Any], phased: dict[str, dict[st
     def backfill(where: str) -> dict[str, Any]:
         return {"text": corpus["first"], "job": str(WORDCOUNT),
                 "env": {"WORDCOUNT_INPUT": corpus["rest"]},
-                "dirs": {b: str(tmp / f"backfill-{where}-{b}") for b in ("memory", "rocksdb")}}
+                "dirs": {b: str(tmp / f"backfill-{where}-{b}") for b in BACKENDS}}
     quiet = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"}
     # local[2]: executors are the driver's children and inherit its
     # environment, PYTHONPATH included; so eddyflow is put on the driver's
@@ -201,7 +202,7 @@ def test_readers_and_validate_on_the_cluster_as_on_local(runs: dict[str, dict[st
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_read_changes_on_the_cluster_as_on_local(runs: dict[str, dict[str, Any]],
                                                  backend: str) -> None:
     """The rows of read_changes, read by executors without eddyflow, are

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from eddyflow.checkpoint.storage import CheckpointCorrupted
 from eddyflow.offline.errors import SparkTaskFailed, original_error, spark_errors
 from eddyflow.offline.replay import ReplayError
-from eddyflow.state.storage import CheckpointCorrupted
 
 WORKER = """An exception was thrown from the Python worker:
 Traceback (most recent call last):
@@ -42,7 +42,7 @@ class Py4JJavaError(Exception):  # named as py4j's
 
 @pytest.mark.parametrize("wrapper, text", [(PythonException, WORKER), (Py4JJavaError, JAVA)])
 def test_eddyflows_errors_come_out_as_themselves(wrapper: type[Exception], text: str) -> None:
-    raised = ("eddyflow.state.storage.CheckpointCorrupted: /chk/shared/op-0-1.full: "
+    raised = ("eddyflow.checkpoint.storage.CheckpointCorrupted: /chk/shared/op-0-1.full: "
               "checksum mismatch")
     got = original_error(wrapper(text.replace("{raised}", raised)))
     assert type(got) is CheckpointCorrupted
@@ -73,5 +73,5 @@ def test_other_exceptions_are_left_alone() -> None:
         raise KeyError("x")
     with pytest.raises(CheckpointCorrupted, match="checksum mismatch") as info, spark_errors():
         raise PythonException(WORKER.replace(
-            "{raised}", "eddyflow.state.storage.CheckpointCorrupted: f: checksum mismatch"))
+            "{raised}", "eddyflow.checkpoint.storage.CheckpointCorrupted: f: checksum mismatch"))
     assert isinstance(info.value.__cause__, PythonException)

@@ -34,7 +34,7 @@ def _run(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> list[ef.CheckpointInfo]:
     # Checkpoint writes in-process: starting the writer's helper process
     # takes about a second on a loaded machine, as long as this run, and the
     # checkpoints taken mid-run are the point of the test.
-    monkeypatch.setattr("eddyflow.state.writer.ENABLED", False)
+    monkeypatch.setattr("eddyflow.checkpoint.writer.ENABLED", False)
     result = run_with_failures(JOB, tmp / "chk", interval=0.02, retained=4,
                                faults=(("snapshot.async_write", 2),))
     assert result.restarts >= 1

@@ -54,7 +54,7 @@ def _run_sessions(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> list[ef.Checkpo
             SESSIONS_MINUTES="4")
     # Checkpoint writes in-process: the writer's helper process takes about
     # a second to start on a loaded machine, as long as this run.
-    monkeypatch.setattr("eddyflow.state.writer.ENABLED", False)
+    monkeypatch.setattr("eddyflow.checkpoint.writer.ENABLED", False)
     result = run_with_failures(SESSIONS, tmp / "chk", interval=0.02, retained=3,
                                faults=(("snapshot.async_write", 2),))
     assert result.restarts >= 1
@@ -128,7 +128,7 @@ build = fraud.build
 def _run_fraud(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> list[ef.CheckpointInfo]:
     env_for(monkeypatch, FRAUD_OUTPUT=str(tmp / "alerts"), FRAUD_CHECKPOINTS=str(tmp / "unused"),
             FRAUD_PAYMENTS=str(PAYMENTS))
-    monkeypatch.setattr("eddyflow.state.writer.ENABLED", False)
+    monkeypatch.setattr("eddyflow.checkpoint.writer.ENABLED", False)
     result = run_with_failures(FRAUD, tmp / "chk", interval=0.02, retained=3,
                                faults=(("snapshot.async_write", 1),))
     assert result.restarts >= 1

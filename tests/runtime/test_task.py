@@ -22,17 +22,18 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from eddyflow.backedge.feedback import FeedbackChannel
-from eddyflow.runtime.barriers import CheckpointMode
-from eddyflow.runtime.channel import Channel, InputGate
-from eddyflow.runtime.coordinator import TaskSnapshot
-from eddyflow.runtime.events import END_OF_INPUT, Barrier, RecordBatch
-from eddyflow.runtime.loops import LoopTracker
-from eddyflow.runtime.operators import IterationHeadSpec, OperatorContext
+from eddyflow.checkpoint.storage import CheckpointStorage
+from eddyflow.runtime.checkpointing.barriers import CheckpointMode
+from eddyflow.runtime.checkpointing.messages import AcknowledgeCheckpoint, TriggerCheckpoint
+from eddyflow.runtime.exchange.channel import Channel, InputGate
+from eddyflow.runtime.exchange.events import END_OF_INPUT, Barrier, RecordBatch
+from eddyflow.runtime.exchange.feedback import FeedbackChannel
+from eddyflow.runtime.exchange.loops import LoopTracker
+from eddyflow.runtime.exchange.writers import ForwardWriter
+from eddyflow.runtime.operators.base import OperatorContext
+from eddyflow.runtime.operators.stateless import IterationHeadSpec
 from eddyflow.runtime.task import Task
-from eddyflow.runtime.writers import ForwardWriter
 from eddyflow.state.memory import MemoryStateBackend
-from eddyflow.state.storage import CheckpointStorage
 
 LOG, BACK_OWN, BACK_OTHER = 0, 1, 2  # the head's input channels
 TIMEOUT = 10.0  # every step takes microseconds; a hang fails the test instead
@@ -55,22 +56,18 @@ class StubCoordinator:
 
     def __init__(self, storage: CheckpointStorage) -> None:
         self.storage = storage
-        self.pending: Barrier | None = None
-        self.acks: dict[int, TaskSnapshot] = {}
-        self.final_acks: list[int] = []
+        self.pending: TriggerCheckpoint | None = None
+        self.acks: dict[int, AcknowledgeCheckpoint] = {}
         self.finished = False
 
-    def pending_barrier(self) -> Barrier | None:
+    def pending_trigger(self) -> TriggerCheckpoint | None:
         return self.pending
 
-    async def acknowledge(self, task: Task, checkpoint_id: int, snap: TaskSnapshot) -> None:
-        self.acks[checkpoint_id] = snap
+    async def acknowledge(self, ack: AcknowledgeCheckpoint) -> None:
+        self.acks[ack.checkpoint_id] = ack
 
     def is_aborted(self, checkpoint_id: int) -> bool:
         return False
-
-    def spawn_final_ack(self, task: Task, barrier: Barrier) -> None:
-        self.final_acks.append(barrier.checkpoint_id)
 
     def task_finished(self, task: Task) -> None:
         self.finished = True
@@ -117,7 +114,7 @@ class Head:
     def body_items(self) -> list[Any]:
         out = []
         while len(self.body):
-            out.append(self.body._pop())
+            out.append(self.body.pop())
         return out
 
 
@@ -133,7 +130,7 @@ async def _early_barrier_then_input_ends(tmp: Path) -> None:
     # Checkpoint 7 was triggered while log[0] had finished but head[0] had
     # not yet read its end-of-input, so head[0] was not asked to start 7:
     # it gets barrier 7 from its regular input's end (pending_barrier).
-    head.coordinator.pending = barrier
+    head.coordinator.pending = TriggerCheckpoint(7, 0.0)
     await head.channels[LOG].put(RecordBatch([("a", 1)]))
     running = asyncio.ensure_future(head.task.run())
     await settle()
@@ -163,7 +160,8 @@ async def _early_barrier_then_input_ends(tmp: Path) -> None:
     assert head.body_items() == [[("c", 3)]]
     await asyncio.gather(*head.writes)
     assert 7 in head.coordinator.acks
-    assert head.coordinator.acks[7].operators["head"]["backedge"]["records"] == 1
+    backedge = head.coordinator.acks[7].state.operators["head"].backedge
+    assert backedge is not None and backedge.records == 1
 
     # The loop is empty: head[0] ends it and drains both back-edges to their end.
     # The body takes what head[0] sent it, ("a", 1), ("b", 2) and ("c", 3),

@@ -15,12 +15,15 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from job_support import BACKENDS
 
 import eddyflow as ef
+from eddyflow.checkpoint.handles import KeyedStateHandle
+from eddyflow.checkpoint.storage import CheckpointStorage
 from eddyflow.state import forked
-from eddyflow.state.abc import Changes, KeyedStateBackend, KeyedStateHandle, SnapshotTarget
+from eddyflow.state.abc import KeyedStateBackend, SnapshotTarget
+from eddyflow.state.changes import Changes
 from eddyflow.state.memory import MemoryKeyedStateBackend
-from eddyflow.state.storage import CheckpointStorage
 
 MP = 128
 
@@ -123,7 +126,7 @@ def test_unique_keys_ask_the_budget_only_when_the_lists_could_reach_it() -> None
     assert asked[0] <= 10
 
 
-@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_one_percent_hot_keys_written_many_times_make_a_small_snapshot(
         tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """10,000 keys loaded, then 60,000 writes to 100 of them (six times the

@@ -24,15 +24,22 @@ from typing import Any
 
 import pytest
 
+from eddyflow.checkpoint.storage import CheckpointCorrupted, CheckpointStorage
 from eddyflow.errors import StateSerializationError
 from eddyflow.keygroups import key_group_range
 from eddyflow.state import forked
-from eddyflow.state.abc import Changes, KeyedStateHandle, SnapshotTarget
-from eddyflow.state.format import DELETED, apply_entries, decode_frame, read_key_groups
+from eddyflow.state.abc import SnapshotTarget
+from eddyflow.state.changes import Changes
+from eddyflow.state.format import (
+    DELETED,
+    apply_entries,
+    decode_frame,
+    read_key_groups,
+    read_state_file,
+)
 from eddyflow.state.handles import ListState, MapState, ReducingState, ValueState
-from eddyflow.state.memory import MemoryKeyedStateBackend, MemoryStateBackend
+from eddyflow.state.memory import MemoryKeyedStateBackend, MemoryStateBackend, MemoryStateHandle
 from eddyflow.state.memory import snapshot as memory_snapshot
-from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage
 
 MP = 128
 
@@ -53,20 +60,20 @@ def make(backend: MemoryStateBackend | None = None) -> MemoryKeyedStateBackend:
 
 
 def snap(b: MemoryKeyedStateBackend, root: Path, n: int, *, complete: bool = True
-         ) -> KeyedStateHandle:
+         ) -> MemoryStateHandle:
     handle = asyncio.run(b.snapshot(SnapshotTarget(CheckpointStorage(root), n, "run", 0)).write())
     if complete:
         b.notify_checkpoint_complete(n)
     return handle
 
 
-def read(root: Path, handle: KeyedStateHandle, groups: range = range(MP)
+def read(root: Path, handle: MemoryStateHandle, groups: range = range(MP)
          ) -> dict[str, dict[Any, Any]]:
     """The state a chain restores (optionally: of some key groups only)."""
     tables: dict[str, dict[Any, Any]] = {}
     for f in handle.files:
-        entries = f.entries(str(root), key_groups=groups, owner=handle.key_groups,
-                            max_parallelism=MP)
+        entries = read_state_file(str(root), f, key_groups=groups, owner=handle.key_groups,
+                                  max_parallelism=MP)
         apply_entries(lambda name: tables.setdefault(name, {}),
                       ((name, k, v) for _, name, k, v in entries))
     return {name: t for name, t in tables.items() if t}
@@ -262,7 +269,7 @@ def test_damaged_and_truncated_frames_raise_checkpoint_corrupted(tmp_path: Path)
     path = tmp_path / f.handle.path
 
     def read_all() -> list[Any]:
-        return list(f.entries(str(tmp_path), max_parallelism=MP, with_groups=True))
+        return list(read_state_file(str(tmp_path), f, max_parallelism=MP, with_groups=True))
 
     assert len(read_all()) == 50
     data = path.read_bytes()

@@ -16,13 +16,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import eddyflow as ef
+from eddyflow.checkpoint.handles import KeyedStateHandle
+from eddyflow.checkpoint.storage import CheckpointCorrupted, CheckpointStorage
 from eddyflow.errors import StateSerializationError
 from eddyflow.keygroups import key_group_for, key_group_range
-from eddyflow.state.abc import KeyedStateBackend, KeyedStateHandle, SnapshotTarget
+from eddyflow.state.abc import KeyedStateBackend, SnapshotTarget
 from eddyflow.state.handles import ListState, MapState, ReducingState, ValueState
+from eddyflow.state.registry import kind_of
 from eddyflow.state.rocksdb.backend import RocksDBKeyedStateBackend
 from eddyflow.state.rocksdb.keys import decode_key, encode_key
-from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage
 
 MP = 128
 
@@ -166,7 +168,8 @@ def test_snapshot_holds_the_state_at_the_barrier(tmp_path: Path) -> None:
     snap = b.snapshot(SnapshotTarget(storage, 1, "run", 0))
     v.value.append(2)  # after the barrier, before the asynchronous half
     handle = asyncio.run(snap.write())
-    assert [(n, k, val) for _, n, k, val in handle.read(storage.root)] == [("v", "k", [1])]
+    got = [(n, k, val) for _, n, k, val in kind_of(handle).read(storage.root, handle)]
+    assert got == [("v", "k", [1])]
 
 
 def test_incremental_checkpoints_upload_only_new_files(tmp_path: Path) -> None:
@@ -186,7 +189,7 @@ def test_incremental_checkpoints_upload_only_new_files(tmp_path: Path) -> None:
     new = sum(size[p] for p in second.new_files)
     assert {h.path for _, h in first.db_files if h.path.endswith(".sst")} <= set(size)
     assert new < 0.2 * sum(size.values()), (new, size)
-    got = {k: v for _, _, k, v in second.read(storage.root)}
+    got = {k: v for _, _, k, v in kind_of(second).read(storage.root, second)}
     assert got["k5"] == -5 and got["k500"] == 500 and len(got) == 20_000
 
 
@@ -214,7 +217,7 @@ def test_a_database_restored_from_another_storage_is_uploaded_into_its_own(
     first = snapshot(b, own, 7)
     for h in first.file_handles():
         own.verify_file(h)  # each under this storage's root
-    got = {k: v for _, _, k, v in first.read(own.root)}
+    got = {k: v for _, _, k, v in kind_of(first).read(own.root, first)}
     assert len(got) == 30_000 and got["k1"] == -1 and got["k2"] == 2
     # After that, its own files are referenced again, not uploaded.
     table["k2"] = -2
@@ -480,7 +483,7 @@ def test_end_of_input_snapshot_writes_the_barrier_state(
         (v["items"] if isinstance(v, dict) else v).append("late")
     handle = asyncio.run(snap.write())
     b.notify_checkpoint_complete(2)
-    got = {k: v for _, name, k, v in handle.read(storage.root) if name == "s"}
+    got = {k: v for _, name, k, v in kind_of(handle).read(storage.root, handle) if name == "s"}
     assert got == barrier
     restored = make(tmp_path / "restored")
     restored.restore_from(storage.root, handle.kinds, [KeyedStateHandle.from_json(
@@ -527,3 +530,22 @@ def test_values_are_serialized_as_the_serializer_does_repeats_or_not(values: lis
     dumps = PickleSerializer().dumps
     for vs in (values, [v for v in values if type(v) in (int, str)] * 5):
         assert dump_all(vs, dumps) == list(map(dumps, vs))
+
+
+def test_local_folders_of_finished_processes_go_and_live_ones_stay(tmp_path: Path) -> None:
+    """A new backend removes the local folders whose lock nobody holds (a
+    killed process's), never one whose instance lives."""
+    local = tmp_path / "rocks"
+    live = ef.RocksDBStateBackend(local).create_keyed_backend("op", 0, range(0, 128), 128)
+    dead = local / "op-1-deadbeef"
+    dead.mkdir()
+    (local / "op-1-deadbeef.lock").write_text("")
+    old = os.stat(local).st_mtime - 3600  # older than a lock being set up
+    for lock in local.glob("*.lock"):
+        os.utime(lock, (old, old))
+    other = ef.RocksDBStateBackend(local).create_keyed_backend("op", 2, range(0, 128), 128)
+    names = set(os.listdir(local))
+    assert "op-1-deadbeef" not in names and "op-1-deadbeef.lock" not in names
+    assert len([n for n in names if n.startswith("op-0-")]) == 2  # folder and lock
+    live.close()
+    other.close()

@@ -16,13 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import eddyflow as ef
-from eddyflow.state.abc import KeyedStateBackend, KeyedStateHandle, SnapshotTarget
+from eddyflow.checkpoint.handles import KeyedStateHandle
+from eddyflow.checkpoint.storage import CheckpointStorage
+from eddyflow.state.abc import KeyedStateBackend, SnapshotTarget
 from eddyflow.state.handles import ValueState
 from eddyflow.state.rocksdb.backend import RocksDBKeyedStateBackend
 from eddyflow.state.rocksdb.filter import KeyFilter
 from eddyflow.state.rocksdb.keys import StatePrefix
 from eddyflow.state.rocksdb.tables import ValueTable
-from eddyflow.state.storage import CheckpointStorage
 
 MP = 128
 

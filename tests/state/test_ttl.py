@@ -16,16 +16,20 @@ through the database (evicted, read back) and not only through the cache.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import operator
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from job_support import BACKENDS
 
 import eddyflow as ef
+from eddyflow.checkpoint.handles import KeyedStateHandle
+from eddyflow.checkpoint.storage import CheckpointStorage
 from eddyflow.keygroups import key_group_for, key_group_range
-from eddyflow.state.abc import KeyedStateBackend, KeyedStateHandle, SnapshotTarget
+from eddyflow.state.abc import KeyedStateBackend, SnapshotTarget
 from eddyflow.state.handles import (
     MapState,
     TtlListState,
@@ -34,7 +38,6 @@ from eddyflow.state.handles import (
     TtlValueState,
     ValueState,
 )
-from eddyflow.state.storage import CheckpointStorage
 
 MP = 128
 TTL = ef.StateTtl(10.0)
@@ -48,7 +51,7 @@ def factory(kind: str, tmp_path: Path) -> ef.StateBackend:
     return ef.RocksDBStateBackend(tmp_path / "local", cache_size=4)
 
 
-@pytest.fixture(params=["memory", "rocksdb"])
+@pytest.fixture(params=BACKENDS)
 def make(request: pytest.FixtureRequest, tmp_path: Path) -> Make:
     """``make(subtask=0, parallelism=1)``: a keyed backend of the fixture's kind."""
     def new(subtask: int = 0, parallelism: int = 1) -> KeyedStateBackend:
@@ -292,7 +295,7 @@ def test_a_clock_that_goes_back_still_expires_on_time(make: Make) -> None:
     assert b.expire_ttl() == 1
 
 
-@pytest.mark.parametrize("kind", ["memory", "rocksdb"])
+@pytest.mark.parametrize("kind", BACKENDS)
 def test_a_value_changed_in_place_after_the_barrier_stays_out(kind: str, tmp_path: Path) -> None:
     clock = ef.testing.ManualClock()
     b = factory(kind, tmp_path).create_keyed_backend("op", 0, range(MP), MP, checkpointing=True)
@@ -322,9 +325,7 @@ def test_a_value_changed_in_place_after_the_barrier_stays_out(kind: str, tmp_pat
 
 
 @pytest.mark.parametrize(("before", "after"), [(2, 3), (3, 1)])
-@pytest.mark.parametrize(("old_kind", "new_kind"),
-                         [("memory", "memory"), ("rocksdb", "rocksdb"), ("memory", "rocksdb"),
-                          ("rocksdb", "memory")])
+@pytest.mark.parametrize(("old_kind", "new_kind"), list(itertools.product(BACKENDS, repeat=2)))
 def test_restores_keep_write_times_at_another_parallelism(
         tmp_path: Path, before: int, after: int, old_kind: str, new_kind: str) -> None:
     clock = ef.testing.ManualClock()

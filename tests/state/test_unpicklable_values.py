@@ -9,7 +9,7 @@ map and list state (flushed at the barrier), and its write cache flushed
 outside any snapshot ("in RocksDB"). A forked child hands the error over as
 itself, not as text, so that the restart loop can tell what it is. The
 runtime's side (the job fails at once) is in
-``tests/runtime/test_unpicklable_state.py``.
+``tests/integration/test_unpicklable_state.py``.
 """
 
 from __future__ import annotations
@@ -22,15 +22,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from job_support import BACKENDS
 
 import eddyflow as ef
+from eddyflow.checkpoint.storage import CheckpointStorage
 from eddyflow.errors import StateSerializationError, is_retryable
 from eddyflow.state import forked
 from eddyflow.state.abc import KeyedStateBackend, SnapshotTarget
 from eddyflow.state.handles import ListState, MapState, ValueState
 from eddyflow.state.memory import snapshot as memory_snapshot
 from eddyflow.state.rocksdb import backend as rocksdb_backend
-from eddyflow.state.storage import CheckpointStorage
 
 MP = 128
 REASON = r"Can't pickle local object '_local\.<locals>\.Local'"
@@ -67,7 +68,7 @@ def _local() -> Any:
     return Local()
 
 
-@pytest.mark.parametrize("kind", ["memory", "rocksdb"])
+@pytest.mark.parametrize("kind", BACKENDS)
 @pytest.mark.parametrize("state", ["value", "map", "list"])
 def test_snapshot_names_operator_state_key_and_checkpoint(
         tmp_path: Path, mode: str, kind: str, state: str) -> None:

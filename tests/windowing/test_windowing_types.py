@@ -23,9 +23,13 @@ from eddyflow.windowing import (
     add_window,
     check_allowed_lateness,
     check_window_function,
+    fires_on_element,
+    horizon,
     is_late,
+    is_window_late,
     merge_windows,
     on_timer,
+    should_fire,
     timers_to_register,
 )
 
@@ -301,6 +305,52 @@ def test_timers_of_a_window() -> None:
     assert on_timer(w, 10.0, 5.0) == (True, False)
     assert on_timer(w, 15.0, 5.0) == (False, True)
     assert on_timer(w, 10.0, 0.0) == (True, True)
+
+
+_TIMES = st.one_of(
+    st.floats(allow_nan=False, allow_infinity=True, width=64),
+    st.floats(-1e10, 1e10),
+    st.integers(-10**6, 10**6).map(float),
+    st.sampled_from([0.1, 0.2, 0.3, 0.7, 1e16, 1.7e9 + 0.1, 5e-324]))
+_LATENESS = st.one_of(st.just(0.0), st.floats(0.0, 1e12), st.sampled_from([0.1, 0.2, 1e-300]))
+
+
+@settings(max_examples=2000, deadline=None)
+@given(_TIMES, _LATENESS, _TIMES)
+def test_the_horizon_decides_as_the_sums_it_stands_for(
+        time: float, lateness: float, end: float) -> None:
+    """The window operator compares ends with a batch's horizon: that must
+    decide exactly as ``time >= end`` and ``time >= end + lateness`` (the
+    rules' definitions, with the sum rounded as the cleanup timers are),
+    also next to the boundary, where rounding of the sum bites."""
+    fired, late = horizon(time, lateness)
+    assert fired == time
+    for e in (end, math.nextafter(end, -math.inf), math.nextafter(end, math.inf),
+              time - lateness, math.nextafter(time - lateness, math.inf),
+              math.nextafter(time - lateness, -math.inf)):
+        if not math.isfinite(e):
+            continue
+        assert (e <= fired) == (time >= e)
+        assert (e <= late) == (time >= e + lateness), (time, lateness, e, late)
+
+
+def test_window_rules_at_their_boundaries() -> None:
+    w = TimeWindow(0.0, 0.3)
+    # 0.1 + 0.2 rounds to 0.30000000000000004: the lateness sum, not the
+    # difference, decides.
+    assert not is_window_late(TimeWindow(0.0, 0.1), 0.3, 0.2)
+    assert 0.1 + 0.2 > 0.3
+    assert is_window_late(TimeWindow(0.0, 0.1), 0.1 + 0.2, 0.2)
+    assert should_fire(w, 0.3) and fires_on_element(w, 0.3) and not should_fire(w, 0.29)
+    assert not is_window_late(w, -math.inf, 0.0) and is_window_late(w, math.inf, 5.0)
+
+
+def test_idleness_is_decided_on_the_time_it_is_scheduled_for() -> None:
+    idle = ef.WatermarkStrategy.for_monotonous_timestamps(lambda r: r).with_idleness(0.3)
+    assert idle.idle_at(0.1) == 0.1 + 0.3
+    assert not idle.is_idle(0.1, math.nextafter(0.1 + 0.3, 0.0))
+    assert idle.is_idle(0.1, idle.idle_at(0.1) or 0.0)  # the check scheduled then finds it idle
+    assert ef.WatermarkStrategy.for_monotonous_timestamps(lambda r: r).idle_at(5.0) is None
 
 
 @settings(max_examples=300, deadline=None)

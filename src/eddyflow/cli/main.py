@@ -24,14 +24,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from eddyflow.checkpoints import CheckpointInfo, list_checkpoints
+from eddyflow.checkpoint.listing import CheckpointInfo, list_checkpoints
+from eddyflow.checkpoint.storage import CheckpointCorrupted, CheckpointStorage
 from eddyflow.cli.errors import FAILED, CliError, EddyflowGroup, job_failed_line
 from eddyflow.cli.live import LiveDisplay, PlainLines
 from eddyflow.cli.validate import validate_command
 from eddyflow.errors import CheckpointFolderInUse, JobFailed, RestoreFailed
 from eddyflow.jobfile import JobFileError, build_environment
 from eddyflow.result import JobResult
-from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage
 
 __all__ = ["main"]
 

@@ -21,15 +21,11 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from eddyflow.checkpoint.layout import checkpoint_dir_name, parse_checkpoint_dir
+from eddyflow.checkpoint.storage import CheckpointCorrupted, CheckpointStorage
 from eddyflow.cli.errors import CliError, debug_enabled
 from eddyflow.jobfile import JobFileError
 from eddyflow.offline.checkpoint import CheckpointRef, open_checkpoint
-from eddyflow.state.storage import (
-    CheckpointCorrupted,
-    CheckpointStorage,
-    checkpoint_dir_name,
-    parse_checkpoint_dir,
-)
 
 __all__ = ["validate_command"]
 

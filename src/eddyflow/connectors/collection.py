@@ -33,6 +33,8 @@ _CHUNK = 4096
 
 
 class CollectionSource(Source):
+    """The source of ``env.from_collection`` (see the module docstring)."""
+
     def __init__(self, items: Iterable[Any]) -> None:
         if isinstance(items, range):
             self._shared: Sequence[Any] | None = items

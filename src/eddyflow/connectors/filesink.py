@@ -21,13 +21,16 @@ import os
 import secrets
 from typing import IO, Any
 
+from eddyflow.checkpoint.durable import fsync_dir
 from eddyflow.connectors.sink import Sink, SinkWriter
-from eddyflow.durable import fsync_dir
 
 __all__ = ["FileSink"]
 
 
 class FileSink(Sink):
+    """Exactly-once JSON Lines files in the folder ``path`` (see the module
+    docstring)."""
+
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
 

@@ -44,6 +44,9 @@ def _partition_path(path: str, partition: int) -> str:
 
 
 class Log:
+    """An embedded, append-only, partitioned record log in a folder: one
+    JSON Lines file per partition (see the module docstring)."""
+
     def __init__(self, path: str | os.PathLike[str], partitions: int = 4) -> None:
         self.path = os.fspath(path)
         if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
@@ -110,12 +113,14 @@ class Log:
         return partition
 
     def flush(self, fsync: bool = False) -> None:
+        """Write the appended records out (``fsync``: durably)."""
         for f in self._files.values():
             f.flush()
             if fsync:
                 os.fsync(f.fileno())
 
     def close(self) -> None:
+        """Flush and close the partition files."""
         self.flush()
         for f in self._files.values():
             f.close()

@@ -14,6 +14,7 @@ import secrets
 import sys
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, TextIO
 
 __all__ = ["ListSink", "PrintSink", "Sink", "SinkWriter"]
@@ -49,7 +50,8 @@ class Sink(ABC):
         return type(self).__name__
 
     @abstractmethod
-    def create_writer(self, subtask: int, parallelism: int) -> SinkWriter: ...
+    def create_writer(self, subtask: int, parallelism: int) -> SinkWriter:
+        """The writer of sink subtask ``subtask`` out of ``parallelism``."""
 
     def commit(self, committables: list[Any]) -> None:  # noqa: B027 - optional hook
         """Make prepared transactions visible; called again after recovery, so
@@ -100,9 +102,11 @@ class ListSink(Sink):
         return "list-sink"
 
     def create_writer(self, subtask: int, parallelism: int) -> SinkWriter:
-        return _ListWriter(self, subtask)
+        return _ListWriter(self._stage, subtask)
 
     def _stage(self, subtask: int, records: list[Any]) -> list[Any]:
+        """Keep a writer's prepared records until their commit; returns the
+        committable that names them."""
         with self._lock:
             txn = f"{self._token}-{self._next_txn}"
             self._next_txn += 1
@@ -149,8 +153,8 @@ class ListSink(Sink):
 
 
 class _ListWriter(SinkWriter):
-    def __init__(self, sink: ListSink, subtask: int) -> None:
-        self._sink = sink
+    def __init__(self, stage: Callable[[int, list[Any]], list[Any]], subtask: int) -> None:
+        self._stage = stage  # the sink's: holds prepared records until the commit
         self._subtask = subtask
         self._pending: list[Any] = []
 
@@ -161,7 +165,7 @@ class _ListWriter(SinkWriter):
         if not self._pending:
             return None
         pending, self._pending = self._pending, []
-        return self._sink._stage(self._subtask, pending)
+        return self._stage(self._subtask, pending)
 
     def abort(self) -> None:
         self._pending = []

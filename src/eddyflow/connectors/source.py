@@ -6,7 +6,7 @@ subtask gets its own :class:`SourceReader`, which reads batches from a
 checkpoint: docs/concepts/checkpoints.md, step 1) and seeks back to a restored one. Positions
 must be JSON-serialisable, because they are written into checkpoint metadata.
 
-Reads do not wait for input (DESIGN.md "Idle inputs"): the source task emits
+Reads do not wait for input (docs/extending/connector.md): the source task emits
 checkpoint barriers, watermarks and idleness between two reads, so a read
 that waited for an external system's next record would hold all of them
 back. A reader with nothing to return right now returns an empty batch and

@@ -37,6 +37,9 @@ def _check_encoding(encoding: str, path: str) -> str:
 
 
 class TextFileSource(Source):
+    """The source of ``env.read_text_file``: one record per line, split over
+    the subtasks by byte range (see the module docstring)."""
+
     def __init__(self, path: str | os.PathLike[str], encoding: str = "utf-8") -> None:
         self.path = os.fspath(path)
         self.encoding = _check_encoding(encoding, self.path)

@@ -46,7 +46,9 @@ class Node:
     parallelism: int | None = None
     is_source: bool = False
     is_sink: bool = False
-    keyed: bool = False  # owns keyed state: parallelism must not exceed max_parallelism
+    #: Owns keyed state, so its parallelism must not exceed max_parallelism:
+    #: ``DataStream`` sets it from the payload (whether it is a ``KeyedSpec``).
+    keyed: bool = False
     max_source_parallelism: int | None = None  # e.g. 1 for a non-parallel source
     named: bool = False  # uid chosen by the user through .name()
     #: What a generated uid is derived from (``LogicalGraph.generated_uid``);

@@ -14,9 +14,10 @@ Where the rows come from, subtask by subtask of the end checkpoint (the plan,
 :func:`plan_changes`, is made on the driver from the two metadata files):
 
 * Same files in both (nothing was written): nothing is read.
-* Memory backend, the end's chain of files extending the start's (same key
-  groups, the start's files a prefix of the end's): only the delta files
-  added after ``a`` are read — each holds the keys written since the file
+* Memory backend (a backend whose registration gives ``delta_files``,
+  ``state/registry.py``), the end's chain of files extending the start's
+  (same key groups, the start's files a prefix of the end's): only the delta
+  files added after ``a`` are read — each holds the keys written since the file
   before it, with their values, and the keys deleted — and the last write
   of each key wins. So the cost follows what changed, not the state's size.
   Reading only those files, a key written between ``a`` and ``b`` that ends
@@ -51,6 +52,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from eddyflow.checkpoint.handles import StateFile
+from eddyflow.checkpoint.storage import CheckpointStorage, FileHandle
 from eddyflow.offline.checkpoint import (
     CheckpointRef,
     KeyedFile,
@@ -59,9 +62,8 @@ from eddyflow.offline.checkpoint import (
     read_keyed_file,
 )
 from eddyflow.offline.shipping import ship_to_executors
-from eddyflow.state.abc import StateFile
-from eddyflow.state.format import DELETED
-from eddyflow.state.storage import CheckpointStorage, FileHandle
+from eddyflow.state.format import DELETED, read_state_file
+from eddyflow.state.registry import kind_of
 from eddyflow.state.ttl import ABSENT, has_ttl, unwrap
 
 __all__ = ["ChangesPlan", "DeltaUnit", "DiffUnit", "plan_changes", "read_changes"]
@@ -145,36 +147,23 @@ class ChangesPlan:
 
 
 def _handles(kf: KeyedFile) -> list[FileHandle]:
-    return kf.handle.file_handles() if kf.handle is not None else [f.handle for f in kf.files]
-
-
-def _sst_files(kf: KeyedFile) -> frozenset[FileHandle]:
-    assert kf.handle is not None
-    return frozenset(h for name, h in kf.handle.db_files if name.endswith(".sst"))
+    return kf.handle.file_handles()
 
 
 def _same_state(a: KeyedFile, b: KeyedFile) -> bool:
-    """Both hold the same files: the same entries, nothing to read."""
-    assert a.handle is not None and b.handle is not None
-    if a.handle.backend != b.handle.backend:
-        return False
-    if a.handle.backend == "rocksdb":
-        # The SST files hold every row (a checkpoint flushes the memtable);
-        # the small MANIFEST/CURRENT/OPTIONS files are each checkpoint's own.
-        return _sst_files(a) == _sst_files(b)
-    return [f.handle for f in a.files] == [f.handle for f in b.files]
+    """Both hold the same entries (as their backend's registration tells):
+    nothing to read."""
+    return (a.handle.backend == b.handle.backend
+            and kind_of(a.handle).same_state(a.handle, b.handle))
 
 
 def _extension(a: KeyedFile, b: KeyedFile) -> tuple[StateFile, ...] | None:
-    """The files ``b``'s chain adds to ``a``'s, if it extends it (``a``
-    empty: all of ``b``'s, a full file too — every entry is new)."""
-    assert a.handle is not None and b.handle is not None
-    if a.handle.backend != "memory" or b.handle.backend != "memory":
+    """The delta files that hold every change from ``a`` to ``b``, if their
+    backend's registration has such files (the memory backend, when ``b``'s
+    chain extends ``a``'s)."""
+    if a.handle.backend != b.handle.backend:
         return None
-    n = len(a.files)
-    if len(b.files) < n or [f.handle for f in b.files[:n]] != [f.handle for f in a.files]:
-        return None
-    return tuple(b.files[n:])
+    return kind_of(a.handle).delta_files(a.handle, b.handle)
 
 
 def _minus(r: range, cover: Iterable[range]) -> list[range]:
@@ -284,9 +273,9 @@ def _delta_entries(unit: DeltaUnit) -> dict[tuple[str, Any], tuple[int, Any]]:
     last: dict[tuple[str, Any], tuple[int, Any]] = {}
     for f in unit.files:
         storage.verify_file(f.handle)
-        for kg, name, key, value in f.entries(kf.root, owner=owner,
-                                              max_parallelism=kf.max_parallelism,
-                                              with_groups=True):
+        for kg, name, key, value in read_state_file(kf.root, f, owner=owner,
+                                                    max_parallelism=kf.max_parallelism,
+                                                    with_groups=True):
             last[(name, key)] = (kg, value)
     return last
 

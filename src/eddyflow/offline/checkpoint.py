@@ -15,19 +15,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from eddyflow.backedge.log import Logged, decode_backedge_log
+from eddyflow.checkpoint.handles import KeyedStateHandle
+from eddyflow.checkpoint.layout import CheckpointLayout, parse_checkpoint_dir
+from eddyflow.checkpoint.metadata import CheckpointMetadata, read_checkpoint
+from eddyflow.checkpoint.storage import CheckpointCorrupted, CheckpointStorage, FileHandle
 from eddyflow.offline.shipping import import_on_executor
-from eddyflow.runtime.channel_state import decode_channel_state
-from eddyflow.state.abc import KeyedStateHandle, StateFile
-from eddyflow.state.format import DELETED
-from eddyflow.state.metadata import CheckpointMetadata, read_checkpoint
-from eddyflow.state.storage import (
-    CheckpointCorrupted,
-    CheckpointStorage,
-    FileHandle,
-    checkpoint_dir_name,
-    parse_checkpoint_dir,
-)
+from eddyflow.runtime.checkpointing.backedge_log import Logged, decode_backedge_log
+from eddyflow.runtime.checkpointing.channel_state import decode_channel_state
+from eddyflow.state.registry import kind_of
 
 __all__ = ["CheckpointRef", "KeyedFile", "keyed_files", "open_checkpoint", "read_keyed_file",
            "read_verified_backedge_log", "read_verified_channel_state"]
@@ -45,7 +40,14 @@ class CheckpointRef:
 
     @property
     def path(self) -> str:
-        return os.path.join(self.root, checkpoint_dir_name(self.id))
+        """The checkpoint's folder."""
+        return CheckpointLayout(self.root).checkpoint_dir(self.id)
+
+    @property
+    def backends(self) -> frozenset[str]:
+        """The state backends whose formats its keyed state is written in."""
+        return frozenset(part.keyed.backend for op in self.meta.operators.values()
+                         for part in op.subtasks.values() if part.keyed is not None)
 
 
 def open_checkpoint(path: str | os.PathLike[str], checkpoint: int | None = None
@@ -77,23 +79,26 @@ def open_checkpoint(path: str | os.PathLike[str], checkpoint: int | None = None
 
 @dataclass(frozen=True)
 class KeyedFile:
-    """One subtask's keyed state of one operator: its files, in the order
-    they apply (a full snapshot, then the deltas written since)."""
+    """One subtask's keyed state of one operator: its handle in the
+    checkpoint of storage ``root``, read by its backend's registration
+    (``state/registry.py``)."""
 
     root: str
     operator: str
     subtask: int
-    files: tuple[StateFile, ...]
-    kinds: dict[str, str]
+    handle: KeyedStateHandle
     max_parallelism: int = 0
-    #: The whole handle (a RocksDB one is read as a database, not as files).
-    handle: KeyedStateHandle | None = None
+
+    @property
+    def kinds(self) -> dict[str, str]:
+        """State name -> kind."""
+        return dict(self.handle.kinds)
 
     @property
     def key_groups(self) -> range | None:
         """The key groups the subtask owned (``None``: unknown, metadata
         format 1)."""
-        if self.handle is None or not len(self.handle.key_groups):
+        if not len(self.handle.key_groups):
             return None
         return self.handle.key_groups
 
@@ -110,51 +115,34 @@ def keyed_files(ref: CheckpointRef, operator: str | None = None) -> list[KeyedFi
             continue
         for s, part in sorted(op.subtasks.items()):
             if part.keyed is not None:
-                out.append(KeyedFile(ref.root, uid, s, part.keyed.files, dict(part.keyed.kinds),
-                                     ref.meta.max_parallelism, part.keyed))
+                out.append(KeyedFile(ref.root, uid, s, part.keyed, ref.meta.max_parallelism))
     return out
 
 
 def read_keyed_file(kf: KeyedFile, key_groups: range | None = None
                     ) -> Iterator[tuple[int, str, Any, Any]]:
     """``(key_group, state, key, value)`` of one subtask's keyed state (of
-    ``key_groups`` only, if given): each of its files verified, the deltas
-    applied over the full snapshot."""
-    if kf.handle is not None and kf.handle.backend == "rocksdb":
-        # Its files are copied into a local folder of this executor,
-        # verified as they are copied, and opened read-only. rocksdict is
-        # compiled: installed on this executor, or shipped by the driver.
-        import_on_executor("rocksdict")
-        yield from kf.handle.read(kf.root, key_groups=key_groups,
-                                  max_parallelism=kf.max_parallelism)
-        return
-    storage = CheckpointStorage(kf.root)
-    state: dict[str, dict[Any, tuple[int, Any]]] = {}
-    owner = kf.key_groups
-    for f in kf.files:
-        storage.verify_file(f.handle)
-        for kg, name, key, value in f.entries(kf.root, key_groups=key_groups, owner=owner,
-                                              max_parallelism=kf.max_parallelism,
-                                              with_groups=True):
-            table = state.setdefault(name, {})
-            if value is DELETED:
-                table.pop(key, None)
-            else:
-                table[key] = (kg, value)
-    for name, table in state.items():
-        for key, (kg, value) in table.items():
-            yield kg, name, key, value
+    ``key_groups`` only, if given), each key once, each of its files
+    verified: as its backend's registration reads it. A module the backend
+    needs here (``rocksdict``: compiled) is imported from this executor's
+    Python, or from the copy the driver shipped."""
+    kind = kind_of(kf.handle)
+    for module in kind.executor_modules:
+        import_on_executor(module)
+    yield from kind.read_verified(kf.root, kf.handle, key_groups, kf.max_parallelism)
 
 
 def read_verified_channel_state(root: str, handle: FileHandle
                                 ) -> tuple[dict[str, list[Logged]], dict[str, list[Logged]]]:
     """One channel-state file (an unaligned checkpoint's), verified: its
     input and output parts per channel key."""
-    data = CheckpointStorage(root).read_verified(handle)
-    return decode_channel_state(data, os.path.join(root, handle.path))
+    storage = CheckpointStorage(root)
+    data = storage.read_verified(handle)
+    return decode_channel_state(data, storage.layout.path(handle.path))
 
 
 def read_verified_backedge_log(root: str, handle: FileHandle) -> dict[int, list[Any]]:
     """The channels of one back-edge log file, verified (read once)."""
-    data = CheckpointStorage(root).read_verified(handle)
-    return decode_backedge_log(data, os.path.join(root, handle.path))
+    storage = CheckpointStorage(root)
+    data = storage.read_verified(handle)
+    return decode_backedge_log(data, storage.layout.path(handle.path))

@@ -18,18 +18,18 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from eddyflow.checkpoint.storage import CheckpointCorrupted
 from eddyflow.errors import EddyflowError
 from eddyflow.jobfile import JobFileError
 from eddyflow.offline.replay import ReplayError
 from eddyflow.offline.shipping import ExecutorDependencyMissing
-from eddyflow.state.storage import CheckpointCorrupted
 
 __all__ = ["BootstrapError", "SparkTaskFailed", "original_error", "spark_errors"]
 
 #: eddyflow's errors raised on executors, by the name a traceback gives
 #: them; each takes its message as its only argument.
 _OURS: dict[str, type[Exception]] = {
-    "eddyflow.state.storage.CheckpointCorrupted": CheckpointCorrupted,
+    "eddyflow.checkpoint.storage.CheckpointCorrupted": CheckpointCorrupted,
     "eddyflow.offline.replay.ReplayError": ReplayError,
     "eddyflow.jobfile.JobFileError": JobFileError,
     "eddyflow.offline.shipping.ExecutorDependencyMissing": ExecutorDependencyMissing,

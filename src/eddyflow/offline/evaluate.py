@@ -39,21 +39,13 @@ from eddyflow.graph.logical import Edge
 from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.keygroups import key_group_for
 from eddyflow.offline.localrdd import LocalContext, to_local, to_spark
-from eddyflow.runtime.operators import (
-    FilterSpec,
-    FlatMapSpec,
-    IterationHeadSpec,
-    KeyedCountSpec,
-    KeyedProcessSpec,
-    KeyedReduceSpec,
-    KeyedSumSpec,
-    MapSpec,
-    MapWithStateSpec,
-    OperatorContext,
-    SinkSpec,
-)
-from eddyflow.runtime.watermarks import AssignTimestampsSpec
-from eddyflow.runtime.windows import MainOutputSpec, SideOutputSpec, SideRecord, WindowSpec
+from eddyflow.runtime.operators.base import OperatorContext
+from eddyflow.runtime.operators.io import SinkSpec
+from eddyflow.runtime.operators.keyed import KeyedCountSpec, KeyedSpec
+from eddyflow.runtime.operators.side_outputs import MainOutputSpec, SideOutputSpec, SideRecord
+from eddyflow.runtime.operators.stateless import FilterSpec, FlatMapSpec, IterationHeadSpec, MapSpec
+from eddyflow.runtime.operators.timestamps import AssignTimestampsSpec
+from eddyflow.runtime.operators.windows import WindowSpec
 from eddyflow.state.memory import MemoryStateBackend
 
 __all__ = ["MAX_ROUNDS", "Evaluation", "evaluate"]
@@ -66,8 +58,6 @@ LOCAL_LIMIT = 200_000
 #: empties would never terminate in the streaming run either).
 MAX_ROUNDS = 10_000
 
-KEYED_SPECS = (KeyedCountSpec, KeyedReduceSpec, KeyedSumSpec, MapWithStateSpec,
-               KeyedProcessSpec, WindowSpec)
 STATELESS_SPECS = (MapSpec, FilterSpec, FlatMapSpec, IterationHeadSpec, AssignTimestampsSpec,
                    MainOutputSpec, SideOutputSpec)
 
@@ -346,7 +336,7 @@ class _Evaluator:
         if isinstance(spec, STATELESS_SPECS):
             return (None if inputs is None
                     else inputs.mapPartitions(_stateless(spec), preservesPartitioning=True)), None
-        if not isinstance(spec, KEYED_SPECS):
+        if not isinstance(spec, KeyedSpec):
             self.blocked(node_id, f"cannot replay a {type(spec).__name__} in batch")
             return None, None
         if isinstance(spec, WindowSpec) and not spec.assigner.is_event_time:
@@ -468,7 +458,7 @@ def evaluate(sc: Any, plan: ExecutionPlan, sources: dict[int, RDD], *,
             out[c] = outputs
             if state is not None:
                 ev.result.state[node.uid] = state
-            elif isinstance(node.payload, KEYED_SPECS) and node.uid in initial:
+            elif isinstance(node.payload, KeyedSpec) and node.uid in initial:
                 ev.result.state[node.uid] = initial[node.uid]
             continue
         loop = plan.loops[c]

@@ -22,6 +22,7 @@ import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from eddyflow.checkpoint.storage import FileHandle
 from eddyflow.offline.checkpoint import (
     CheckpointRef,
     KeyedFile,
@@ -33,10 +34,9 @@ from eddyflow.offline.checkpoint import (
 )
 from eddyflow.offline.shipping import ship_to_executors
 from eddyflow.offline.typed import Column, frame, text_of
-from eddyflow.runtime.channel_state import split_channel_key
-from eddyflow.runtime.timers import TIMERS_STATE
-from eddyflow.runtime.windows import WINDOW_STATE
-from eddyflow.state.storage import FileHandle
+from eddyflow.runtime.checkpointing.channel_state import split_channel_key
+from eddyflow.runtime.operators.windows import WINDOW_STATE
+from eddyflow.runtime.time.timers import TIMERS_STATE
 from eddyflow.state.ttl import ABSENT, has_ttl, unwrap
 
 __all__ = ["as_text", "backedge_rdd", "channel_state_exchanges", "channel_state_rdd",
@@ -63,7 +63,7 @@ def read_metadata(spark: Any, directory: str | os.PathLike[str]) -> Any:
     ship_to_executors(spark)
     from pyspark.sql import types as T
 
-    from eddyflow.checkpoints import list_checkpoints
+    from eddyflow.checkpoint.listing import list_checkpoints
 
     rows = []
     for info in list_checkpoints(directory):

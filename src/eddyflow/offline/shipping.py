@@ -22,7 +22,9 @@ user built on any master, executors without eddyflow:
   modules beside it are registered by value), so executors never run its
   top-level code. Third-party packages the job imports are
   not shipped: they must be installed on the executors.
-* **rocksdict** (binary; only for a checkpoint with RocksDB state) — a zip
+* **rocksdict** (binary; only for a checkpoint with RocksDB state: the
+  compiled modules a state backend's registration names,
+  ``state/registry.py``) — a zip
   of the driver's installed package, given with ``addFile`` (Python cannot
   import a compiled module from a zip): an executor that cannot import
   ``rocksdict`` unpacks it into its Spark files folder and imports it from
@@ -62,9 +64,13 @@ import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eddyflow.errors import EddyflowError
+from eddyflow.state.registry import kind_named, kinds
+
+if TYPE_CHECKING:
+    from eddyflow.offline.checkpoint import CheckpointRef
 
 __all__ = ["ExecutorDependencyMissing", "import_on_executor", "ship_to_executors",
            "shipped"]
@@ -98,13 +104,15 @@ def shipped(spark: Any) -> frozenset[str]:
 
 
 def ship_to_executors(spark: Any, job: str | os.PathLike[str] | ModuleType | None = None, *,
-                      checkpoint: Any = None, rocksdb: bool = False) -> None:
+                      checkpoint: CheckpointRef | None = None, modules: Iterable[str] = ()) -> None:
     """Make eddyflow, the modules of ``job`` (a job file's path or its
-    loaded module) and, if ``checkpoint`` (a path or ``CheckpointRef``)
-    holds RocksDB state or ``rocksdb`` says the executors will write some
-    (``bootstrap``), ``rocksdict`` available to the executors of
-    ``spark`` (a SparkSession or SparkContext). Anything already shipped to
-    this SparkContext is not shipped again."""
+    loaded module) and the compiled modules the executors need available to
+    the executors of ``spark`` (a SparkSession or SparkContext): those of
+    the state backends whose state ``checkpoint`` holds (their
+    registrations' ``executor_modules``, ``rocksdict`` for RocksDB), and
+    ``modules`` (``bootstrap``: those of the backend the executors will
+    write). Anything already shipped to this
+    SparkContext is not shipped again."""
     sc = getattr(spark, "sparkContext", spark)
     with _lock:
         done = _shipped.setdefault(sc.applicationId, set())
@@ -125,19 +133,25 @@ def ship_to_executors(spark: Any, job: str | os.PathLike[str] | ModuleType | Non
                 log.info("shipped the job's modules %s to the executors of %s (%s, %d kB)",
                          ", ".join(jobs.extras), sc.applicationId,
                          os.path.basename(jobs.path), jobs.size // 1024)
-        if "native:rocksdict" not in done and (
-                rocksdb or (checkpoint is not None and _uses_rocksdb(checkpoint))):
-            native = _native_bundle("rocksdict")
+        wanted = set(modules)
+        possible = {f"native:{m}" for kind in kinds() for m in kind.executor_modules}
+        if checkpoint is not None and not possible <= done:
+            wanted |= {m for name in checkpoint.backends
+                       for m in kind_named(name).executor_modules}
+        for name in sorted(wanted):
+            if f"native:{name}" in done:
+                continue
+            native = _native_bundle(name)
             if native is None:
-                log.warning("cannot ship rocksdict (not installed on the driver): the "
-                            "executors of %s must have it to read RocksDB checkpoints",
+                log.warning("cannot ship %s (not installed on the driver): the executors of %s "
+                            "must have it to read or write the state that needs it", name,
                             sc.applicationId)
             else:
                 sc.addFile(native.path)
-                log.info("shipped rocksdict (binary, %s) to the executors of %s (%s, %d kB)",
+                log.info("shipped %s (binary, %s) to the executors of %s (%s, %d kB)", name,
                          _ext_suffix(), sc.applicationId, os.path.basename(native.path),
                          native.size // 1024)
-            done.add("native:rocksdict")
+            done.add(f"native:{name}")
 
 
 def _register_by_value(module: ModuleType | None) -> None:
@@ -167,14 +181,6 @@ def _job_module(job: str | os.PathLike[str] | ModuleType) -> ModuleType | None:
         if f and os.path.abspath(f) == path:
             return mod
     return None
-
-
-def _uses_rocksdb(checkpoint: Any) -> bool:
-    from eddyflow.offline.checkpoint import CheckpointRef, open_checkpoint
-
-    ref = checkpoint if isinstance(checkpoint, CheckpointRef) else open_checkpoint(checkpoint)
-    return any(part.keyed is not None and part.keyed.backend == "rocksdb"
-               for op in ref.meta.operators.values() for part in op.subtasks.values())
 
 
 # --- building the zips (driver side) -------------------------------------------------

@@ -148,7 +148,21 @@ class StandaloneCluster:
         :attr:`python`."""
         return self.work_dir / "python-bin"
 
+    def spawn(self, command: list[str], env: dict[str, str],
+              log: Path) -> subprocess.Popen[bytes]:
+        """Start ``command`` (a daemon) in a session of its own, in
+        :attr:`work_dir`, its output into ``log``: :meth:`stop` kills its
+        process group."""
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(command, env=env, cwd=self.work_dir, stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        self._procs.append(proc)
+        self._groups.append(proc.pid)  # start_new_session: its pid is its group
+        return proc
+
     def pids(self) -> list[int]:
+        """The daemons' process ids."""
         return [p.pid for p in self._procs]
 
     def leftover(self) -> list[int]:
@@ -165,6 +179,7 @@ class StandaloneCluster:
         return env
 
     def alive(self) -> bool:
+        """Whether a daemon is still running."""
         return any(p.poll() is None for p in self._procs)
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -275,13 +290,7 @@ def start_cluster(workers: int = 2, cores_per_worker: int = 1, *,
 
     def launch(args: list[str], logname: str) -> tuple[subprocess.Popen[bytes], Path]:
         path = root / "logs" / logname
-        with open(path, "wb") as out:
-            proc = subprocess.Popen([spark_class, *args], env=env, cwd=root, stdout=out,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
-        cluster._procs.append(proc)
-        cluster._groups.append(proc.pid)  # start_new_session: its pid is its group
-        return proc, path
+        return cluster.spawn([spark_class, *args], env, path), path
 
     try:
         proc, path = launch(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
@@ -320,6 +329,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def main() -> None:
+    """``python -m eddyflow.offline.standalone``: see the module docstring."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     # The daemons are in sessions of their own: however this process is
     # told to stop (Ctrl-C, kill, a closed terminal; SIGINT is ignored when

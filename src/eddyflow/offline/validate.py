@@ -42,12 +42,16 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from eddyflow.checkpoint.handles import StateFile
+from eddyflow.checkpoint.layout import CheckpointLayout
+from eddyflow.checkpoint.metadata import BootstrapInput
+from eddyflow.checkpoint.storage import CheckpointCorrupted, CheckpointStorage
 from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.jobfile import build_environment
 from eddyflow.keygroups import key_group_range
 from eddyflow.offline.checkpoint import CheckpointRef, open_checkpoint
 from eddyflow.offline.errors import spark_errors
-from eddyflow.offline.evaluate import KEYED_SPECS, Watermarks, evaluate
+from eddyflow.offline.evaluate import Watermarks, evaluate
 from eddyflow.offline.readers import (
     as_text,
     backedge_rdd,
@@ -57,11 +61,9 @@ from eddyflow.offline.readers import (
 )
 from eddyflow.offline.replay import replay_split
 from eddyflow.offline.shipping import ship_to_executors
-from eddyflow.runtime.operators import SourceSpec
-from eddyflow.runtime.valve import decode_watermark
-from eddyflow.state.abc import StateFile
-from eddyflow.state.metadata import BootstrapInput
-from eddyflow.state.storage import CheckpointCorrupted, CheckpointStorage, checkpoint_dir_name
+from eddyflow.runtime.operators.io import SourceSpec
+from eddyflow.runtime.operators.keyed import KeyedSpec
+from eddyflow.state.format import read_state_file
 from eddyflow.state.ttl import base_kind, has_ttl, unwrap
 
 __all__ = ["ValidationReport", "validate"]
@@ -123,10 +125,9 @@ def _watermarks(ref: CheckpointRef) -> dict[str, Watermarks]:
     out: dict[str, Watermarks] = {}
     for uid, op in ref.meta.operators.items():
         for s, part in sorted(op.subtasks.items()):
-            w = part.extra.get("watermark")
-            if w is not None:
+            if part.watermark is not None:
                 out.setdefault(uid, []).append(
-                    (key_group_range(s, mp, op.parallelism), decode_watermark(w)))
+                    (key_group_range(s, mp, op.parallelism), part.watermark))
     return out
 
 
@@ -257,7 +258,7 @@ def _validate(spark: Any, chk: str | os.PathLike[str] | CheckpointRef, *,
             actual_state = initial
 
         skip = set(expected.unreplayed)
-        graph_keyed = {n.uid for n in plan.graph.nodes if isinstance(n.payload, KEYED_SPECS)}
+        graph_keyed = {n.uid for n in plan.graph.nodes if isinstance(n.payload, KeyedSpec)}
         compared_uids = sorted((graph_keyed | set(keyed_uids)) - skip)
         sided = [expected.state[u].map(_sided("e", u)) for u in compared_uids
                  if u in expected.state]
@@ -319,7 +320,7 @@ def bootstrap_inputs(ref: CheckpointRef) -> list[tuple[str, BootstrapInput]]:
             return []
         seen.add((folder, n))
         try:
-            base = open_checkpoint(os.path.join(folder, checkpoint_dir_name(n)))
+            base = open_checkpoint(CheckpointLayout(folder).checkpoint_dir(n))
         except (CheckpointCorrupted, FileNotFoundError) as exc:
             log.warning("checkpoint %d was restored from %s/chk-%d, which cannot be read (%s): "
                         "validated as if its history had started from empty state",
@@ -335,7 +336,8 @@ def _read_given(item: tuple[str, StateFile, str, str, int]) -> Iterator[tuple[in
     value))``, the form ``evaluate`` takes initial state in."""
     root, f, name, kind, mp = item
     CheckpointStorage(root).verify_file(f.handle)
-    for kg, state, key, value in f.entries(root, max_parallelism=mp, with_groups=True):
+    for kg, state, key, value in read_state_file(root, f, max_parallelism=mp,
+                                                 with_groups=True):
         if state == name:
             yield kg, (state, kind, key, value)
 

@@ -13,35 +13,40 @@ from typing import Any
 
 import anyio
 
-from eddyflow.backedge.feedback import FeedbackChannel
-from eddyflow.backedge.log import Logged
-from eddyflow.errors import JobFailed, RestoreFailed
+from eddyflow.checkpoint import writer as writer_process
+from eddyflow.errors import JobFailed
 from eddyflow.graph.logical import Partitioning
 from eddyflow.graph.plan import ExchangeSpec, ExecutionPlan
 from eddyflow.result import JobResult, merge_state
-from eddyflow.runtime.channel import Channel, InputGate
-from eddyflow.runtime.channel_state import channel_key, split_channel_key
-from eddyflow.runtime.clock import WALL_CLOCK, Clock
-from eddyflow.runtime.coordinator import CheckpointConfig, CheckpointCoordinator
-from eddyflow.runtime.debloat import Debloater, InFlightBounds
-from eddyflow.runtime.events import RecordBatch
-from eddyflow.runtime.loops import LoopTracker
-from eddyflow.runtime.operators import Operator, OperatorContext, SinkSpec, SourceSpec
-from eddyflow.runtime.restore import RestoredCheckpoint
-from eddyflow.runtime.task import Task, TaskFailure
-from eddyflow.runtime.writers import (
+from eddyflow.runtime.checkpointing.channel_state import channel_key
+from eddyflow.runtime.checkpointing.coordinator import CheckpointConfig, CheckpointCoordinator
+from eddyflow.runtime.exchange.channel import Channel, InputGate
+from eddyflow.runtime.exchange.debloat import Debloater, InFlightBounds
+from eddyflow.runtime.exchange.feedback import FeedbackChannel
+from eddyflow.runtime.exchange.loops import LoopTracker
+from eddyflow.runtime.exchange.writers import (
     BroadcastWriter,
     ForwardWriter,
     KeyGroupWriter,
     RebalanceWriter,
     RecordWriter,
 )
-from eddyflow.state import writer as writer_process
+from eddyflow.runtime.failures import TaskFailure
+from eddyflow.runtime.operators.base import Operator, OperatorContext
+from eddyflow.runtime.operators.io import SinkSpec, SourceSpec
+from eddyflow.runtime.recovery.reinjection import (
+    recover_sinks,
+    reinject_backedge_logs,
+    reinject_channel_state,
+)
+from eddyflow.runtime.recovery.restore import RestoredCheckpoint
+from eddyflow.runtime.task import Task
+from eddyflow.runtime.time.clock import WALL_CLOCK, Clock
 from eddyflow.state.abc import StateBackend
 
 __all__ = ["JobRunner", "RuntimeConfig"]
 
-log = logging.getLogger("eddyflow.checkpoints")
+log = logging.getLogger("eddyflow.checkpoint.listing")
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,7 @@ class RuntimeConfig:
     #: Seconds between a generator's watermarks while busy (0: every batch).
     auto_watermark_interval: float = 0.2
     #: Seconds of records a channel may queue, by its consumer's measured
-    #: rate (``runtime/debloat.py``); ``None``: bounded by count alone.
+    #: rate (``runtime/exchange/debloat.py``); ``None``: bounded by count alone.
     buffer_debloat_target: float | None = 1.0
 
 
@@ -235,119 +240,14 @@ class JobRunner:
         assert self._spawn is not None
         self._spawn(fn)
 
-    def _recover_sinks(self) -> None:
-        """Commit what the restored checkpoint recorded (again: commits are
-        idempotent) and discard every other pending transaction."""
-        restored = self.restore
-        for uid, sink in self.sinks.items():
-            committed = restored.committables(uid) if restored is not None else []
-            try:
-                sink.recover(committed)
-            except Exception as exc:
-                if restored is None:
-                    raise
-                folder = restored.storage.checkpoint_dir(restored.checkpoint_id)
-                raise RestoreFailed(f"cannot restore sink '{uid}' from {folder}: "
-                                    f"{type(exc).__name__}: {exc}") from exc
-
-    def _reinject_channel_state(self) -> None:
-        """Restore of an unaligned checkpoint: the records that were in
-        flight on each channel go back into it, in order, before anything
-        new (the upstream subtask resumes after them). At another
-        parallelism the exchange's own writer routes them, as it would
-        send them now: by key group into keyed operators, never
-        round-robin."""
-        restored = self.restore
-        if restored is None:
-            return
-        state = restored.channel_state()
-        if not state:
-            return
-        held: dict[str, list[tuple[int, int, list[Logged]]]] = {}
-        for key, batches in state.items():
-            exchange, up, down = split_channel_key(key)
-            held.setdefault(exchange, []).append((up, down, batches))
-        plan = self.plan
-        for x, name, chans in self.exchange_channels:
-            mine = None if x.back_edge else held.pop(name, None)
-            if mine is None:
-                continue
-            nodes = plan.graph.nodes
-            old_down = restored.parallelism_of(nodes[x.target_node].uid)
-            same = (restored.parallelism_of(nodes[x.source_node].uid)
-                    == plan.parallelism[x.source_node]
-                    and old_down == plan.parallelism[x.target_node])
-            if not same and x.partitioning is Partitioning.BROADCAST:
-                # Each downstream subtask had consumed its copies up to its
-                # own point: no new subtask's share can be told apart.
-                raise RestoreFailed(
-                    f"cannot restore the channel state of broadcast exchange {name} at "
-                    f"another parallelism (it was {old_down}); restore at the same "
-                    "parallelism, or from an aligned checkpoint")
-            tracker = self.loops[x.loop] if x.loop is not None else None
-            ups = sorted({u for u, _ in chans})
-            writers: dict[int, RecordWriter] = {}
-            for old_up, old_down_subtask, batches in mine:
-                for records, stamps in batches:
-                    if same:
-                        chans[(old_up, old_down_subtask)].append(
-                            RecordBatch(records, None, stamps))
-                    else:
-                        up = ups[old_up % len(ups)]
-                        w = writers.get(up)
-                        if w is None:
-                            w = writers[up] = self._writer(
-                                x, [ch for (u, _), ch in sorted(chans.items()) if u == up], up)
-                        w.add(records, None, stamps)
-                        w.hand_over()
-                    if tracker is not None:
-                        tracker.in_flight += len(records)
-        lost = sorted(name for name, mine in held.items() if any(b for _, _, b in mine))
-        if lost:
-            # Its records would be lost without a word: the two operators
-            # are chained now (same parallelism), or the edge is gone.
-            folder = restored.storage.checkpoint_dir(restored.checkpoint_id)
-            raise RestoreFailed(
-                f"cannot restore {folder}: it holds records in flight on "
-                f"{', '.join(lost)}, and this job has no such exchange (the operators are "
-                "chained at this parallelism, or the edge is gone); restore at a "
-                "parallelism that keeps the exchange, disable chaining, or restore "
-                "from an aligned checkpoint")
-
-    async def _reinject_backedge_logs(self) -> None:
-        """Restore (docs/concepts/cycles.md, step 4): the records logged on the back-edges
-        go back into the head's back-edge input before anything else."""
-        restored = self.restore
-        if restored is None:
-            return
-        for t in self.tasks:
-            if t.gate is None or t.head_of is None:
-                continue
-            head_uid = t.operators[0].uid
-            batches = restored.backedge_batches(head_uid, t.subtask, t.parallelism)
-            if not batches:
-                continue
-            channel = t.gate.channels[next(i for i, r in enumerate(t.regular) if not r)]
-            t.head_of.in_flight += sum(len(records) for records, _ in batches)
-            # In batches, as the records were sent (and with their
-            # timestamps): a log holds everything in flight round the loop
-            # (tens of thousands of records), and one batch of it would be
-            # one long turn of the head and one huge output batch
-            # downstream. The feedback channel is unbounded, so this never
-            # waits for the head.
-            size = t.batch_size
-            for records, stamps in batches:
-                for start in range(0, len(records), size):
-                    await channel.put(RecordBatch(
-                        records[start:start + size], None,
-                        None if stamps is None else stamps[start:start + size]))
-
     async def run(self) -> JobResult:
         started = time.monotonic()
-        self._recover_sinks()
+        recover_sinks(self.sinks, self.restore)
         tasks = self.build()
-        await self._reinject_backedge_logs()
-        self._reinject_channel_state()
+        if self.restore is not None:
+            await reinject_backedge_logs(self.restore, tasks)
+            reinject_channel_state(self.restore, self.plan, self.exchange_channels, self.loops,
+                                   self._writer)
         coordinator = self.coordinator
         writer = await self._start_writer()
         try:
@@ -396,7 +296,7 @@ class JobRunner:
 
     async def _start_writer(self) -> writer_process.WriterProcess | None:
         """The helper process of this run's checkpoint writes, if any (see
-        :mod:`eddyflow.state.writer`); without one they are done in-process."""
+        :mod:`eddyflow.checkpoint.writer`); without one they are done in-process."""
         storage = self.coordinator.storage
         if storage is None or not writer_process.ENABLED:
             return None

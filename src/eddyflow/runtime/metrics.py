@@ -199,10 +199,8 @@ class MetricsReporter:
             if c.stats:
                 s = c.stats[-1]
                 last = CheckpointMetrics(
-                    int(s["checkpoint_id"]), float(s["duration"]),
-                    float(s["alignment_duration"]), int(s["checkpointed_size"]),
-                    int(s.get("channel_state_records", 0)),
-                    int(s.get("channel_state_bytes", 0)), bool(s.get("unaligned", False)))
+                    s.checkpoint_id, s.duration, s.alignment_duration, s.checkpointed_size,
+                    s.channel_state_records, s.channel_state_bytes, s.unaligned)
         m = JobMetrics(self.job, time.time(), now - self.started, self.restarts, tuple(ops),
                        completed, aborted, last, final)
         self.last = m

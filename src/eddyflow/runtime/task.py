@@ -1,40 +1,10 @@
 """A task: one coroutine running one subtask of one operator chain.
 
-The loop reads a batch from the input gate (or the source reader), pushes it
-through the chained operators with plain calls, and hands the result to the
-record writers, awaiting only when a batch actually leaves (a full buffer)
-or nothing is left to read. Output is flushed when the input runs dry or
-when the oldest buffered record is older than the buffer timeout, so a slow
-trickle still flows without a timer coroutine per task.
-
-Checkpoints (docs/concepts/checkpoints.md): a source task emits barrier ``n`` between two
-batches when the coordinator triggers it, recording its reader's position; a
-task with inputs aligns barrier ``n`` over its regular inputs (blocking each
-input that delivered it, in ``exactly_once`` and ``synchronous`` mode), then
-takes the synchronous phase of its snapshot, forwards the barrier, unblocks,
-and writes the snapshot asynchronously while records flow again; the write
-acknowledges to the coordinator. At the end of its input a task snapshots its
-final state for the final checkpoint before it sends end-of-input on.
-
-Unaligned checkpoints (``mode="unaligned"``, or an aligned one switched
-after ``aligned_timeout``): barriers travel as priority items, the task
-snapshots at the first barrier ``n`` and forwards it ahead of its own
-records in flight (``RecordWriter.overtake``); what was overtaken, and what
-arrives on its other inputs until their barrier ``n`` does, is channel state
-(``runtime/channel_state.py``, the same log a loop head keeps of its
-back-edges). A task waiting for channel space takes part through its
-:class:`~eddyflow.runtime.channel.Interrupt`.
-
-Event time (``runtime/valve.py``, mixed in as :class:`EventTime`): records
-carry timestamps beside the batch; ``Watermark`` and ``WatermarkStatus``
-events come in band, the valve takes the minimum over the inputs, and each
-advance runs ``on_watermark`` down the chain before it is forwarded; a
-generator in the chain (``assign_timestamps_and_watermarks``) emits its own;
-processing-time timers wake the task through the job's clock.
-
-A failure inside an operator is turned into a :class:`TaskFailure` that
-names the operator, the subtask, the record and the source position it came
-from, traced back through the chain (see ``Operator.output_counts``).
+:class:`Task` is the loop: it drives a source reader or reads its input
+gate, and pushes each batch through the chain. Its other concerns are
+mixed in from their own modules: event time (``runtime/time/valve.py``),
+failure reports (``runtime/failures.py``) and its side of the checkpoint
+protocol (``runtime/checkpointing/participation.py``).
 """
 
 from __future__ import annotations
@@ -44,18 +14,17 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from eddyflow.connectors.source import SourceReader
-from eddyflow.errors import StateSerializationError
-from eddyflow.runtime.barriers import BarrierHandler, CheckpointMode
-from eddyflow.runtime.channel import InputGate, Interrupt
-from eddyflow.runtime.clock import Clock
-from eddyflow.runtime.debloat import Debloater
-from eddyflow.runtime.events import (
+from eddyflow.runtime.checkpointing.barriers import BarrierHandler, CheckpointMode
+from eddyflow.runtime.checkpointing.messages import SubtaskId
+from eddyflow.runtime.checkpointing.participation import Participation
+from eddyflow.runtime.exchange.channel import InputGate, Interrupt
+from eddyflow.runtime.exchange.debloat import Debloater
+from eddyflow.runtime.exchange.events import (
     END_OF_INPUT,
     Barrier,
     EndOfInput,
@@ -64,35 +33,41 @@ from eddyflow.runtime.events import (
     Watermark,
     WatermarkStatus,
 )
-from eddyflow.runtime.loops import LoopTracker
-from eddyflow.runtime.operators import Operator
-from eddyflow.runtime.snapshotting import Snapshotting
-from eddyflow.runtime.valve import EventTime, WatermarkValve
-from eddyflow.runtime.writers import KeyRoutingError, RecordWriter
+from eddyflow.runtime.exchange.loops import LoopTracker
+from eddyflow.runtime.exchange.writers import KeyRoutingError, RecordWriter
+from eddyflow.runtime.failures import FailureReports
+from eddyflow.runtime.operators.base import Operator
+from eddyflow.runtime.time.clock import Clock
+from eddyflow.runtime.time.valve import EventTime, WatermarkValve
 from eddyflow.values import immutable, independent_copy
 
 if TYPE_CHECKING:
-    from eddyflow.runtime.coordinator import CheckpointCoordinator
-    from eddyflow.runtime.restore import RestoredCheckpoint
+    from eddyflow.runtime.checkpointing.coordinator import CheckpointCoordinator
+    from eddyflow.runtime.recovery.restore import RestoredCheckpoint
 
 Spawn = Callable[[Callable[[], Awaitable[None]]], None]
 
-__all__ = ["Task", "TaskFailure"]
+__all__ = ["Task"]
 
 _log = logging.getLogger("eddyflow")
 
 
-class TaskFailure(Exception):
-    """An operator failed; the message says where, ``__cause__`` says why."""
+class Task(EventTime, FailureReports, Participation):
+    """One subtask of one operator chain, run as one coroutine (:meth:`run`).
 
-    def __init__(self, message: str, operator: str, subtask: int, position: str | None) -> None:
-        super().__init__(message)
-        self.operator = operator
-        self.subtask = subtask
-        self.position = position
+    The loop reads a batch from its input gate (or its source reader), pushes
+    it through the chained operators with plain calls, and hands the result
+    to the record writers, awaiting only when a batch actually leaves (a full
+    buffer) or nothing is left to read. Output is flushed when the input
+    runs dry or when the oldest buffered record is older than the buffer
+    timeout, so a slow trickle flows without a timer coroutine per task.
 
+    In checkpoints a source emits barrier ``n`` between two batches when
+    triggered, and a task with inputs hands what its gate delivers to its
+    :class:`BarrierHandler`, which aligns (or logs) and calls back
+    :meth:`take_checkpoint`; the coordinator talks to it as a
+    :class:`~eddyflow.runtime.checkpointing.participant.CheckpointParticipant`."""
 
-class Task(EventTime, Snapshotting):
     def __init__(
         self,
         name: str,
@@ -121,6 +96,7 @@ class Task(EventTime, Snapshotting):
         if (gate is None) == (reader is None):
             raise ValueError("a task reads either from a gate or from a source reader")
         self.chain_index = chain_index
+        self.subtask_id = SubtaskId(chain_index, subtask)
         self.coordinator = coordinator
         self.restore = restore
         self.spawn = spawn
@@ -133,9 +109,8 @@ class Task(EventTime, Snapshotting):
         self.head_of = head_of
         # The loop each input channel enters from outside, if any.
         self.input_entries = input_entries if input_entries is not None else [None] * n_in
-        self._trigger: Barrier | None = None
-        self._late_triggers: list[Barrier] = []
-        self._final_position: Any = None
+        self._init_participation()
+        #: Resolved to wake the source loop waiting for input (``_await_input``).
         self._trigger_wakeup: asyncio.Future[None] | None = None
         self._source_done = False
         self.name = name
@@ -277,102 +252,7 @@ class Task(EventTime, Snapshotting):
         if wake is not None and not wake.done():
             wake.set_result(None)
         if self.gate is not None:
-            self.gate._wake()
-
-    # -- failure reports ---------------------------------------------------
-
-    def _trace_back(self, start: int, stages: list[list[Any]], index: int | None) -> int | None:
-        """Map an index into ``stages[-1]`` back to an index into ``stages[0]``."""
-        if index is None:
-            return None
-        for k in range(len(stages) - 2, -1, -1):
-            counts = self.operators[start + k].output_counts(stages[k])
-            if counts is None:
-                return None
-            acc = 0
-            for i, c in enumerate(counts):
-                acc += c
-                if index < acc:
-                    index = i
-                    break
-            else:
-                return None
-        return index
-
-    def _where(self, input_index: int | None, span: Span | None) -> str | None:
-        if self.reader is not None and input_index is not None:
-            pos = self.reader.position_of(input_index)
-            if pos is not None:
-                return f"{self.source_label} at {self.reader.describe_position(pos)}"
-        if span:
-            return "; ".join(
-                f"{label} positions {first!r} to {end!r}" for label, first, end in span
-            )
-        return None
-
-    def _describe(self, what: str, exc: BaseException, record: Any, where: str | None) -> str:
-        msg = (f"{what} (subtask {self.subtask + 1} of {self.parallelism}) raised "
-               f"{type(exc).__name__}: {exc}")
-        if record is not _NO_RECORD:
-            msg += f"; on record {record!r:.200}"
-        if where:
-            msg += f"; read from {where}"
-        return msg
-
-    def _failure(self, exc: BaseException, op: Operator, start: int,
-                 stages: list[list[Any]], index: int | None) -> TaskFailure:
-        record = stages[-1][index] if index is not None and index < len(stages[-1]) else _NO_RECORD
-        # Only a trace that reaches the task's own input names a source position.
-        input_index = self._trace_back(start, stages, index) if start == 0 else None
-        where = self._where(input_index, self._current_span)
-        what = f"key selector of '{op.uid}'" if op.key_failed else f"operator '{op.uid}'"
-        return TaskFailure(self._describe(what, exc, record, where), op.uid, self.subtask, where)
-
-    def spawn_write(self, write: Callable[[], Awaitable[None]]) -> None:
-        if self.spawn is not None:
-            self.spawn(write)
-
-    def state_error(self, exc: StateSerializationError) -> BaseException:
-        return self._serialization_failure(exc)
-
-    def _operator_failure(self, op: Operator, exc: BaseException) -> TaskFailure:
-        """``op`` failed outside a record (its snapshot, say)."""
-        return TaskFailure(self._describe(f"operator '{op.uid}'", exc, _NO_RECORD, None),
-                           op.uid, self.subtask, None)
-
-    def _serialization_failure(self, exc: StateSerializationError) -> TaskFailure:
-        """A value of ``exc.operator`` that cannot be pickled, as a failure of
-        that operator in this subtask."""
-        uid = exc.operator or (self.operators[0].uid if self.operators else self.name)
-        return TaskFailure(self._describe(f"operator '{uid}'", exc, _NO_RECORD, None),
-                           uid, self.subtask, None)
-
-    def _routing_failure(self, exc: KeyRoutingError, w: RecordWriter,
-                         stages_in: list[Any]) -> TaskFailure:
-        cause = exc.__cause__ or exc
-        # The writer saw the chain's output: trace from it back to the input.
-        stages = self._last_stages(stages_in) if stages_in else []
-        index = self._trace_back(0, stages, exc.index) if stages else None
-        where = self._where(index, self._current_span)
-        source, target = w.label.split(" -> ")
-        what = f"key selector of '{target}', evaluated after '{source}'"
-        return TaskFailure(self._describe(what, cause, exc.record, where),
-                           target, self.subtask, where)
-
-    def _last_stages(self, task_input: list[Any]) -> list[list[Any]]:
-        # Recompute the intermediate batches of the pure prefix; stop at the
-        # first operator that cannot be re-run without side effects.
-        stages = [task_input]
-        for op in self.operators:
-            if not (op.pure or op.one_to_one):
-                return []
-            if op.pure:
-                stages.append(op.process(stages[-1]))
-            else:
-                stages.append(stages[-1])  # same length: indexes are unchanged
-        return stages
-
-    _current_span: Span | None = None
+            self.gate.wake()
 
     # -- the loops ---------------------------------------------------------
 
@@ -391,10 +271,7 @@ class Task(EventTime, Snapshotting):
             self.finished = True
             coordinator = self.coordinator
             if coordinator is not None:
-                for barrier in self._late_triggers:
-                    if not self.saw_barrier(barrier.checkpoint_id):
-                        coordinator.spawn_final_ack(self, barrier)
-                self._late_triggers.clear()
+                self._acknowledge_late_triggers()
                 coordinator.task_finished(self)
         except BaseException:
             for op in self.operators:
@@ -427,11 +304,6 @@ class Task(EventTime, Snapshotting):
         if errors:
             raise errors[0]
 
-    def _source_failure(self, exc: BaseException, reader: SourceReader) -> TaskFailure:
-        where = f"{self.source_label} at {reader.describe_position(reader.position())}"
-        return TaskFailure(self._describe(f"source '{self.source_uid}'", exc, _NO_RECORD, where),
-                           str(self.source_uid), self.subtask, where)
-
     async def _run_source(self, reader: SourceReader) -> None:
         # The reader's fetch runs beside the reads in a task group of this
         # task: cancelled with it, and never outliving it.
@@ -456,7 +328,7 @@ class Task(EventTime, Snapshotting):
         while True:
             if self._timers_due:
                 await self._fire_processing_time()
-            if self.barriers.switch_requests:
+            if self.barriers.has_switch_requests:
                 await self._on_switches()
             if self._trigger is not None:
                 await self._inject_barrier(reader)
@@ -498,53 +370,13 @@ class Task(EventTime, Snapshotting):
         future). At once if the reader cannot tell when it will have more."""
         ready = reader.available()
         if (ready is None or ready.done() or self._trigger is not None or self._timers_due
-                or self.barriers.switch_requests):
+                or self.barriers.has_switch_requests):
             return
         wake = self._trigger_wakeup = asyncio.get_running_loop().create_future()
         try:
             await asyncio.wait((ready, wake), return_when=asyncio.FIRST_COMPLETED)
         finally:
             self._trigger_wakeup = None
-
-    def trigger_barrier(self, barrier: Barrier) -> bool:
-        """Coordinator: checkpoint ``barrier`` starts. A running source emits
-        it at its next batch boundary, and so does a loop head whose regular
-        inputs have all ended (into its loop); a task that gets the barrier
-        through its channels ignores this. False if the task has finished:
-        the coordinator then has it acknowledge with its final state."""
-        if self.finished:
-            return False
-        if self.reader is not None:
-            if self._source_done:
-                self._late_triggers.append(barrier)  # acknowledged once finished
-                return True
-        elif not (self.head_of is not None and self.barriers.regular_ended()):
-            return True
-        self._trigger = barrier
-        wake = self._trigger_wakeup
-        if wake is not None and not wake.done():
-            wake.set_result(None)
-        if self.gate is not None:
-            self.gate._wake()
-        if self.interrupt is not None and barrier.unaligned:
-            self.interrupt.request()  # held up by back-pressure: inject at once
-        return True
-
-    def saw_barrier(self, checkpoint_id: int) -> bool:
-        return self.barriers.saw(checkpoint_id)
-
-    async def _inject_barrier(self, reader: SourceReader) -> None:
-        unaligned = self._unaligned_trigger()
-        barrier, self._trigger = self._trigger, None
-        assert barrier is not None
-        self.barriers.mark_done(barrier.checkpoint_id)
-        self.barriers.switched.discard(barrier.checkpoint_id)
-        if unaligned:
-            barrier = replace(barrier, unaligned=True)
-        await self.take_checkpoint(barrier, position=reader.position(), unaligned=unaligned)
-        coordinator = self.coordinator
-        if coordinator is not None and coordinator.synchronous:
-            await coordinator.wait_resumed()  # stop the world until it completes
 
     def _loop_is_empty(self) -> bool:
         head = self.head_of
@@ -563,22 +395,17 @@ class Task(EventTime, Snapshotting):
         while regular_left or back_left:
             if self._timers_due:
                 await self._fire_processing_time()
-            if self.barriers.switch_requests:
+            if self.barriers.has_switch_requests:
                 await self._on_switches()
-            trigger = self._trigger
-            if trigger is not None:
-                # A loop head whose input has ended starts checkpoints in its
-                # loop itself: nothing upstream will send it barriers.
-                self._trigger = None
-                if not ended and not self.barriers.saw(trigger.checkpoint_id):
-                    self.barriers.mark_done(trigger.checkpoint_id)
-                    await self.take_checkpoint(trigger, unaligned=trigger.unaligned)
+            if self._trigger is not None:
+                await self._on_loop_trigger(ended=ended)
                 continue
             if not ended and self._loop_is_empty():
                 # A loop head: its input is exhausted and nothing is left
                 # anywhere in its loop. End, which ends the loop body in turn;
                 # then drain the back-edges until their end-of-input.
-                ended = self.barriers.loop_ended = True
+                ended = True
+                self.barriers.end_loop()
                 await self._end_of_input()
                 continue
             got = gate.poll()
@@ -607,11 +434,9 @@ class Task(EventTime, Snapshotting):
                 # With a yield per batch every task of a busy job advances
                 # at the same pace, so a queue that once filled up (behind
                 # an alignment, a slow snapshot, a burst) stays full for
-                # good. Measured in benchmarks/overhead.py: after the first
-                # checkpoints the bottleneck's inputs held ~5,000 records
-                # instead of ~1,000, every record waited in memory long
-                # enough to cost 40% more to process, and barriers took
-                # 60-70 ms instead of 20 ms to get through.
+                # good: more records wait in memory, each costs more to
+                # process, and barriers take longer to get through
+                # (benchmarks/overhead.py shows it).
                 backlog = gate.backlog()
                 if backlog <= self.batch_size or time.monotonic() - turn >= _TURN:
                     if debloat is not None and not backlog:
@@ -646,7 +471,7 @@ class Task(EventTime, Snapshotting):
                 if self._assigner is None:
                     await self._set_idle(valve.idle_out)
             elif kind is EndOfInput:
-                aligning = self.barriers.align is not None
+                aligning = self.barriers.aligning
                 await self.barriers.on_end(i)
                 wm = valve.on_end(i)
                 if wm is not None:
@@ -658,109 +483,13 @@ class Task(EventTime, Snapshotting):
                     regular_left -= 1
                     if (not aligning and regular_left == 0 and self.head_of is not None
                             and not ended):
-                        # This head's input ended before the barrier of the
-                        # checkpoint in flight reached it: none will now.
-                        # Start that checkpoint in the loop itself.
-                        coordinator = self.coordinator
-                        pending = coordinator.pending_barrier() if coordinator else None
-                        if pending is not None and not self.barriers.saw(pending.checkpoint_id):
-                            self._trigger = pending
+                        self._trigger_pending_in_loop()
                 else:
                     back_left -= 1
             else:
                 raise TypeError(f"task {self.name}: unexpected item on a channel: {item!r}")
         if not ended:
             await self._end_of_input()
-
-    def switch_to_unaligned(self, checkpoint_id: int) -> None:
-        """Coordinator: checkpoint ``checkpoint_id`` is not aligned after the
-        aligned timeout; take it unaligned from now on."""
-        if self.finished:
-            return
-        self.barriers.request_switch(checkpoint_id)
-        if self.interrupt is not None:
-            self.interrupt.request()
-        self._wake()
-
-    async def _on_switches(self) -> None:
-        """Act on the coordinator's switches to unaligned."""
-        requests, self.barriers.switch_requests = self.barriers.switch_requests, []
-        for n in requests:
-            # Forwarding barrier n aligned, and held up by back-pressure:
-            # overtake instead.
-            for w in self.writers:
-                em = w.emitting
-                if type(em) is Barrier and em.checkpoint_id == n:
-                    self._capture(n, w.overtake(replace(em, unaligned=True), replacing=em))
-                    self._unaligned_ids.add(n)
-            if self.reader is not None:
-                trigger = self._trigger
-                if trigger is not None and trigger.checkpoint_id == n:
-                    self.barriers.switched.add(n)  # injected unaligned, at once
-            else:
-                await self.barriers.on_switch(n)
-
-    async def _on_interrupt(self) -> None:
-        """While a put of this task waits for channel space: take part in
-        checkpoints (priority barriers, source triggers, switches) without
-        reading any record. Everything here overtakes, so nothing waits."""
-        if self.barriers.switch_requests:
-            await self._on_switches()
-        gate = self.gate
-        if gate is not None:
-            while True:
-                got = gate.poll_priority()
-                if got is None:
-                    break
-                i, item = got
-                await self.barriers.on_barrier(i, item)
-        elif self.reader is not None and self._trigger is not None and self._unaligned_trigger():
-            await self._inject_barrier(self.reader)
-
-    def _unaligned_trigger(self) -> bool:
-        trigger = self._trigger
-        return trigger is not None and (trigger.unaligned
-                                        or trigger.checkpoint_id in self.barriers.switched)
-
-    def abort_checkpoint(self, checkpoint_id: int) -> None:
-        """Coordinator: checkpoint ``checkpoint_id`` was aborted."""
-        if self._trigger is not None and self._trigger.checkpoint_id == checkpoint_id:
-            self._trigger = None
-        self._captured.pop(checkpoint_id, None)
-        self._unaligned_ids.discard(checkpoint_id)
-        self._snapshot_watermarks.pop(checkpoint_id, None)
-        snaps = self._snapshots.pop(checkpoint_id, None)
-        if snaps is not None:
-            self._cancel_snapshots(snaps)
-        for op in self.operators:
-            op.notify_checkpoint_aborted(checkpoint_id)
-        self.barriers.abort(checkpoint_id)
-
-    def describe_state(self) -> str:
-        """What this task is doing about checkpoints, for a timeout report."""
-        parts = []
-        if self._trigger is not None:
-            parts.append(f"barrier {self._trigger.checkpoint_id} not yet emitted")
-        parts.extend(self.barriers.describe())
-        if self.gate is not None:
-            queued = {ch.name: len(ch) for ch in self.gate.channels if len(ch)}
-            blocked = [ch.name for i, ch in enumerate(self.gate.channels) if self.gate.blocked[i]]
-            if queued:
-                parts.append(f"queued {queued}")
-            if blocked:
-                parts.append(f"blocked {blocked}")
-        if self.finished:
-            parts.append("finished")
-        ended = self.barriers.ended
-        if self.gate is not None and any(ended):
-            parts.append("ended " + str([self.gate.channels[i].name
-                                         for i, e in enumerate(ended) if e]))
-        parts.append(f"last checkpoint {self.barriers.done_id}")
-        return f"{self.name}[{self.subtask}]: " + "; ".join(parts)
-
-    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        for op in self.operators:
-            op.notify_checkpoint_complete(checkpoint_id)
 
     async def _end_of_input(self) -> None:
         if self.interrupt is not None:
@@ -774,9 +503,7 @@ class Task(EventTime, Snapshotting):
             try:
                 extra = op.end_input()
             except Exception as exc:
-                raise TaskFailure(self._describe(f"operator '{op.uid}'", exc, _NO_RECORD,
-                                                 "the end of input"), op.uid, self.subtask,
-                                  None) from exc
+                raise self._end_input_failure(op, exc) from exc
             if extra:
                 op.records_out += len(extra)
                 out, stamps = self._run_chain(extra, k + 1, getattr(extra, "timestamps", None))
@@ -787,13 +514,11 @@ class Task(EventTime, Snapshotting):
                 await self._advance_watermark(math.inf, k + 1)
         # The final state is acknowledged later, checkpoint by checkpoint and
         # in the final checkpoint (CheckpointCoordinator.task_finished).
-        self._final_position = self.reader.position() if self.reader is not None else None
+        self._keep_final_position(self.reader.position() if self.reader is not None else None)
         for w in self.writers:
             await w.emit_event(END_OF_INPUT)
         self._dirty_since = 0.0
 
-
-_NO_RECORD: Any = object()
 
 #: Longest a task works through a backlog of its inputs before it yields
 #: (seconds): short enough for the rest of the job, and of the program that

@@ -7,344 +7,43 @@ taken at the barrier and cheap (it never costs what the whole state costs),
 and returns a :class:`KeyedSnapshot` whose :meth:`KeyedSnapshot.write` is the
 *asynchronous* half, awaited while records flow. What a snapshot records is
 the state as it was at the barrier, whatever user code does to the objects
-afterwards. The result, a :class:`KeyedStateHandle`, is what the checkpoint
-metadata says of one operator subtask's keyed state: the files it needs,
-possibly shared with earlier checkpoints (incremental snapshots).
+afterwards. The result, a :class:`~eddyflow.checkpoint.handles.KeyedStateHandle`
+of the backend's own class, is what the checkpoint metadata says of one
+operator subtask's keyed state: the files it needs, possibly shared with
+earlier checkpoints (incremental snapshots).
 
-Operators see state as *tables*, one per declared state: mappings from key
-to value with ``get``, ``__setitem__``, ``pop``, ``__contains__``, ``items``
-and ``__len__``. Every write to a table must be recorded in its
-:class:`Changes` (the keys written since the last snapshot), so that a
-snapshot can cost what changed rather than what the state holds.
+Operators see state as *tables* (``state/table.py``), one per declared
+state, with the capabilities the backend declares for each. Every write to
+a table must be recorded in its :class:`~eddyflow.state.changes.Changes`
+(the keys written since the last snapshot), so that a snapshot can cost
+what changed rather than what the state holds. A backend is made known to
+the rest of eddyflow by its registration (``state/registry.py``).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, MutableMapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Any, cast
 
+from eddyflow.checkpoint.handles import KeyedStateHandle
+from eddyflow.checkpoint.storage import CheckpointStorage
 from eddyflow.keygroups import key_group_for
-from eddyflow.state.format import apply_entries, read_state_file
-from eddyflow.state.storage import CheckpointStorage, FileHandle
+from eddyflow.state.changes import Changes
+from eddyflow.state.format import apply_entries
+from eddyflow.state.registry import kind_of
+from eddyflow.state.table import TableCapabilities
 from eddyflow.state.ttl import ABSENT as _ABSENT
-from eddyflow.state.ttl import ExpiryIndex, VisibleView, has_ttl, visible
-from eddyflow.windowing.ttl import StateTtl
+from eddyflow.state.ttl import ExpiryIndex, StateTtl, VisibleView, has_ttl, visible
 
 __all__ = [
-    "Changes",
     "KeyedSnapshot",
     "KeyedStateBackend",
-    "KeyedStateHandle",
     "SnapshotAbandoned",
     "SnapshotTarget",
     "StateBackend",
-    "StateFile",
-    "Written",
-    "written_keys",
 ]
-
-
-#: What a table's :class:`Changes` held at a snapshot: keys written one by
-#: one, and collections of keys written batch by batch (lists as recorded,
-#: and sets of the ones already de-duplicated).
-Written = tuple[dict[Any, Any], list[Collection[Any]]]
-
-
-def written_keys(written: Written) -> set[Any]:
-    """Every key of ``written``, once each (in no particular order: a set is
-    built four times faster than an ordered dict of the same keys, measured
-    on 3M writes of 1M keys, and no reader needs the order)."""
-    one_by_one, batches = written
-    keys: set[Any] = set(one_by_one)
-    for batch in batches:
-        keys.update(batch)
-    return keys
-
-
-class Changes:
-    """The keys of one table written since the last snapshot.
-
-    Two records, both replaced (never cleared) at each snapshot: ``keys``, a
-    dict (its values mean nothing) for writes one at a time (the state
-    handles), ``None`` when nothing needs to know (no checkpointing, or
-    :attr:`saturated`); and whole lists of keys (:meth:`add_batch`) for the
-    keyed operators, which record a batch's keys with one list built at C
-    speed instead of a hash insert per record (measured: a ``dict.update``
-    per batch was 30% of a keyed sum's time at 1M keys, every insert a cache
-    miss). The snapshot unions them, off the event loop.
-
-    What the snapshot decides from is how many *distinct* keys were written
-    (:meth:`count`): a few hot keys written a million times are a small
-    delta. So the lists are de-duplicated into a set (``set.update`` per
-    list, at C speed) every ``dedup_every`` keys recorded, as long as that
-    pays: a key written again is a hash look-up of a key in the cache, a
-    small fraction of what the keyed operator spent on it. When a fold finds
-    mostly new keys (uniform keys over a large state, each insert a cache
-    miss) de-duplicating stops until the next snapshot, and the lists are
-    counted as they are (an upper bound; a Zipf law of exponent 1 over 300k
-    keys is still counted exactly, one of 0.8 is not): one fold of
-    ``dedup_every`` keys per interval is the price of finding out (see
-    ``benchmarks/state.py --scenarios hot-keys`` and the uniform ``sum``
-    rows). Past ``fold`` keys in lists (a long interval), the lists are
-    folded into the set to bound their memory, a slice per batch recorded.
-
-    A backend whose next snapshot will not use the keys once there are too
-    many of them (the memory backend writes every entry once a fifth of
-    them changed) passes ``budget``: once more distinct keys than
-    ``budget()`` says were recorded (as far as :meth:`__len__` knows),
-    recording stops (:attr:`saturated`, ``keys`` is ``None``) until
-    :meth:`take_written`. Recording a key costs a cache miss for each key of
-    a batch and another to free it (measured: 0.15 s of a 3 s keyed sum over
-    1M keys), for keys nobody would read."""
-
-    __slots__ = ("_batched", "_batches", "_budget", "_cap", "_dedup", "_seen", "keys",
-                 "saturated")
-
-    fold = 1 << 22
-    #: Keys folded per batch recorded once past ``fold`` (~20 ms of work).
-    fold_step = 1 << 16
-    #: Keys recorded between two de-duplications (~1 ms of work at worst).
-    dedup_every = 1 << 13
-
-    def __init__(self, track: bool, budget: Callable[[], float] | None = None,
-                 *, saturated: bool = False) -> None:
-        self.keys: dict[Any, Any] | None = {} if track else None
-        self._batches: list[Collection[Any]] = []
-        self._batched = 0
-        #: Keys of the lists folded so far, each once.
-        self._seen: set[Any] = set()
-        #: De-duplicating pays in this interval (written keys repeat).
-        self._dedup = True
-        self._budget = budget
-        #: Recording stopped: the keys written since the last snapshot are not known.
-        self.saturated = False
-        self._cap: float = self.fold
-        self._reset_cap()
-        if track and saturated:
-            self.saturate()
-
-    def add_batch(self, keys: Collection[Any]) -> None:
-        """Record the keys of a batch as written (call only while tracking)."""
-        self._batches.append(keys)
-        self._batched += len(keys)
-        if self._batched > self._cap:
-            self._overflow()
-
-    def _overflow(self) -> None:
-        if self._dedup:
-            self._dedup_all()
-        budget = self._budget
-        limit = budget() if budget is not None else None
-        if limit is not None and len(self) > limit:
-            self.saturate()
-            return
-        cap: float = self.dedup_every if self._dedup else self.fold
-        if limit is not None:
-            # The budget grew with the table: look again when the lists
-            # would reach it.
-            cap = min(cap, max(0.0, limit - (len(self) - self._batched)))
-        self._cap = cap
-        if self._dedup:
-            return
-        if self._batched <= self.fold:
-            return
-        # Fold the oldest batches, up to ``fold_step`` keys: called again at
-        # each batch recorded while past ``fold``, so that a long interval's
-        # keys are folded a slice at a time between batches, never in one
-        # stop of the loop (measured: 4.2M keys folded at once took 1.43 s,
-        # the longest gap in a RocksDB running sum's output, whose periodic
-        # checkpoint after the load took 5.5 s and held back the next one).
-        seen = self._seen
-        batches = self._batches
-        folded = taken = 0
-        while taken < len(batches) and folded < self.fold_step:
-            batch = batches[taken]
-            seen.update(batch)
-            folded += len(batch)
-            taken += 1
-        del batches[:taken]
-        self._batched -= folded
-
-    def _dedup_all(self) -> None:
-        """Fold every list into the set; stop de-duplicating until the next
-        snapshot if most of their keys were new (it would not pay)."""
-        seen = self._seen
-        before, folded = len(seen), self._batched
-        for batch in self._batches:
-            seen.update(batch)
-        self._batches = []
-        self._batched = 0
-        # (Judged on enough keys: a few new keys say nothing of the interval.)
-        if folded >= self.dedup_every // 2 and (len(seen) - before) * 4 > folded * 3:
-            self._dedup = False
-
-    def count(self) -> int:
-        """How many distinct keys were recorded: exact while de-duplicating
-        pays (the lists not folded yet, fewer than ``dedup_every`` keys, are
-        folded now), else an upper bound (a key in two lists counts twice).
-        What a snapshot decides on, before :meth:`take_written`."""
-        if self._dedup and self._batched:
-            self._dedup_all()
-        return len(self)
-
-    def saturate(self) -> None:
-        """Stop recording (while tracking): the next snapshot will not read
-        the keys."""
-        if self.keys is None and not self.saturated:
-            return  # not tracking
-        self.keys = None
-        self._batches = []
-        self._batched = 0
-        self._seen = set()
-        self.saturated = True
-
-    def put_back(self, written: Written) -> None:
-        """Record the keys of ``written`` (taken earlier) as written again,
-        by reference: a snapshot that was to write them was abandoned
-        (de-duplicating them here cost 0.4 s for 700k keys at the end of a
-        1M-key running sum, and the next snapshot de-duplicates anyway)."""
-        keys = self.keys
-        assert keys is not None
-        one_by_one, batches = written
-        keys.update(one_by_one)
-        for batch in batches:
-            self.add_batch(batch)
-
-    def __len__(self) -> int:
-        """How many keys were recorded (a key in two lists, or written one by
-        one and in a list, may count twice; see :meth:`count`)."""
-        return ((len(self.keys) if self.keys is not None else 0) + len(self._seen)
-                + self._batched)
-
-    def take(self) -> Written:
-        """The keys written so far; recording starts over. Not for a
-        record with a ``budget`` (see :meth:`take_written`)."""
-        if self.saturated:
-            raise RuntimeError("the written keys are not known (saturated): use take_written")
-        keys, batches, seen = self.keys, self._batches, self._seen
-        if keys is None:
-            return {}, []
-        self.keys = {}
-        self._batches = []
-        self._batched = 0
-        self._seen = set()
-        self._dedup = True
-        self._reset_cap()
-        return keys, ([seen, *batches] if seen else batches)
-
-    def take_written(self) -> Written | None:
-        """The keys written so far, or ``None`` if recording had stopped
-        (:attr:`saturated`); recording starts over either way."""
-        if self.saturated:
-            self.saturated = False
-            self.keys = {}
-            self._dedup = True
-            self._reset_cap()
-            return None
-        return self.take()
-
-    def _reset_cap(self) -> None:
-        # How many batched keys to hold before de-duplicating them, or
-        # asking the budget again.
-        cap = min(self.fold, self.dedup_every)
-        self._cap = cap if self._budget is None else min(cap, self._budget())
-
-
-@dataclass(frozen=True)
-class StateFile:
-    """One file of a keyed-state snapshot: where it is (relative to the
-    checkpoint storage root), its checksum, its frame index, whether its
-    frames are by key group (``grouped``) and whether it is a full snapshot
-    or a delta over the file before it (see ``state/format.py``)."""
-
-    handle: FileHandle
-    index: Mapping[str, tuple[int, int]]
-    full: bool
-    grouped: bool = True
-
-    def to_json(self) -> dict[str, Any]:
-        return {**self.handle.to_json(), "index": {k: list(v) for k, v in self.index.items()},
-                "full": self.full, "grouped": self.grouped}
-
-    @staticmethod
-    def from_json(d: Mapping[str, Any]) -> StateFile:
-        return StateFile(FileHandle.from_json(dict(d)),
-                         {str(k): (int(v[0]), int(v[1])) for k, v in d["index"].items()},
-                         bool(d.get("full", True)), bool(d.get("grouped", True)))
-
-    def entries(self, root: str, *, key_groups: range | None = None, owner: range | None = None,
-                max_parallelism: int = 0, with_groups: bool = False
-                ) -> Iterator[tuple[int, str, Any, Any]]:
-        """``(key_group, state, key, value)`` of this file, in the order they
-        apply (see ``state.format.read_state_file``)."""
-        return read_state_file(root, self.handle.path, self.index, self.grouped,
-                               key_groups=key_groups, owner=owner,
-                               max_parallelism=max_parallelism, with_groups=with_groups)
-
-
-@dataclass(frozen=True)
-class KeyedStateHandle:
-    """One operator subtask's keyed state in a checkpoint: its backend, the
-    kinds of its states, how many entries it held, the key groups it owned,
-    and its files in the order they apply (a full snapshot, then deltas)."""
-
-    backend: str
-    kinds: Mapping[str, str]
-    entries: int
-    key_groups: range
-    files: tuple[StateFile, ...] = ()
-    #: Files this checkpoint wrote (the others were written by earlier ones).
-    new_files: frozenset[str] = field(default_factory=frozenset)
-    #: A RocksDB checkpoint's files: (its name in the database folder, where
-    #: the checkpoint storage holds it).
-    db_files: tuple[tuple[str, FileHandle], ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "backend": self.backend, "kinds": dict(self.kinds), "entries": self.entries,
-            "key_groups": [self.key_groups.start, self.key_groups.stop],
-            "files": [f.to_json() for f in self.files]}
-        if self.db_files:
-            d["db_files"] = [[name, h.to_json()] for name, h in self.db_files]
-        return d
-
-    def file_handles(self) -> list[FileHandle]:
-        """Every file this state needs, for the checkpoint's file list."""
-        return [f.handle for f in self.files] + [h for _, h in self.db_files]
-
-    def read(self, root: str, *, key_groups: range | None = None, max_parallelism: int = 0,
-             with_groups: bool = False) -> Iterator[tuple[int, str, Any, Any]]:
-        """``(key_group, state, key, value)`` of the entries in ``key_groups``
-        (all when ``None``), whatever backend wrote them; a memory
-        snapshot's deltas in the order they apply (deletions as ``DELETED``);
-        key groups are ``-1`` unless known or ``with_groups``."""
-        if self.backend == "rocksdb":
-            from eddyflow.state.rocksdb.reader import read_handle
-
-            for name, kg, key, value in read_handle(root, self, key_groups):
-                yield kg, name, key, value
-            return
-        owner = self.key_groups if len(self.key_groups) else None
-        for f in self.files:
-            yield from f.entries(root, key_groups=key_groups, owner=owner,
-                                 max_parallelism=max_parallelism, with_groups=with_groups)
-
-    @staticmethod
-    def from_json(d: Mapping[str, Any]) -> KeyedStateHandle:
-        if "file" in d:  # metadata format 1: one full file per subtask
-            files: tuple[StateFile, ...] = (StateFile.from_json({**d["file"],
-                                                                 "index": d["index"]}),)
-            groups = range(0, 0)
-        else:
-            files = tuple(StateFile.from_json(f) for f in d["files"])
-            start, stop = d["key_groups"]
-            groups = range(int(start), int(stop))
-        db_files = tuple((str(name), FileHandle.from_json(dict(h)))
-                         for name, h in d.get("db_files", ()))
-        return KeyedStateHandle(str(d.get("backend", "memory")), dict(d["kinds"]),
-                                int(d.get("entries", 0)), groups, files, db_files=db_files)
 
 
 @dataclass(frozen=True)
@@ -428,7 +127,8 @@ class KeyedStateBackend(ABC):
         processing-time clock. Two handles of one state must agree on its TTL."""
         index = self._ttl.get(name)
         if index is None:
-            index = ExpiryIndex(name, kind, ttl, now, self._table(name), self.changes(name))
+            index = ExpiryIndex(name, kind, ttl, now, self._table(name), self.changes(name),
+                                self.capabilities(name))
             # A state restored before its first handle was made: its
             # entries are indexed before the next expiry.
             index.stale = self._restored
@@ -499,7 +199,7 @@ class KeyedStateBackend(ABC):
             index = self._ttl.get(name)
             ttl = None if index is None else index.ttl
             now = 0.0 if index is None else index.now()
-            if isinstance(table, dict):
+            if self.capabilities(name).plain_dict:
                 seen = ((k, visible(kind, v, ttl, now)) for k, v in table.items())
                 out[name] = {k: v for k, v in seen if v is not _ABSENT}
             else:
@@ -508,6 +208,20 @@ class KeyedStateBackend(ABC):
 
     @abstractmethod
     def _table(self, name: str) -> MutableMapping[Any, Any]: ...
+
+    @abstractmethod
+    def capabilities(self, name: str) -> TableCapabilities:
+        """What table ``name`` offers besides the mapping methods (declare
+        it first); read once by a caller, never per record."""
+
+    def plain_table(self, name: str) -> dict[Any, Any] | None:
+        """Table ``name`` (declare it first) if it is a plain ``dict``
+        (``capabilities(name).plain_dict``), which a hot path may index
+        directly, recording its writes in ``changes(name)``; else ``None``.
+        Asked once, when the caller opens."""
+        if not self.capabilities(name).plain_dict:
+            return None
+        return cast(dict[Any, Any], self._table(name))
 
     @abstractmethod
     def changes(self, name: str) -> Changes:
@@ -542,11 +256,11 @@ class KeyedStateBackend(ABC):
                      handles: list[KeyedStateHandle]) -> int:
         """Declare the states ``kinds`` names and load those of this backend's
         key groups from the handles of the old subtasks that held some of
-        them (any backend's)."""
+        them (any backend's, each read by its registration)."""
         mp = self.max_parallelism
         entries = ((name, key, value) for h in handles
-                   for _, name, key, value in h.read(root, key_groups=self.key_groups,
-                                                     max_parallelism=mp))
+                   for _, name, key, value in kind_of(h).read(root, h, key_groups=self.key_groups,
+                                                              max_parallelism=mp))
         return self.restore(kinds, entries)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:  # noqa: B027

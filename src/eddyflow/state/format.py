@@ -28,8 +28,9 @@ import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any, BinaryIO
 
+from eddyflow.checkpoint.handles import StateFile
+from eddyflow.checkpoint.storage import CheckpointCorrupted
 from eddyflow.keygroups import key_groups_of
-from eddyflow.state.storage import CheckpointCorrupted
 from eddyflow.values import SCALARS
 
 __all__ = ["CHUNK", "DELETED", "FrameIndex", "Frames", "apply_entries", "decode_frame",
@@ -216,17 +217,17 @@ def read_key_groups(root: str, path: str, index: Mapping[str, Sequence[int]],
         raise CheckpointCorrupted(f"{full}: unreadable: {exc}") from exc
 
 
-def read_state_file(root: str, path: str, index: Mapping[str, Sequence[int]], grouped: bool,
-                    *, key_groups: range | None = None, owner: range | None = None,
-                    max_parallelism: int = 0, with_groups: bool = False
-                    ) -> Iterator[tuple[int, str, Any, Any]]:
+def read_state_file(root: str, file: StateFile, *, key_groups: range | None = None,
+                    owner: range | None = None, max_parallelism: int = 0,
+                    with_groups: bool = False) -> Iterator[tuple[int, str, Any, Any]]:
     """``(key_group, state, key, value)`` of one keyed-state file (verified
     by the caller), in the order they apply; of ``key_groups`` only if
     given. ``owner``: the key groups of the subtask that wrote it (an
     ungrouped file is filtered only when they are not all wanted). The key
     group of an entry of an ungrouped file is ``-1`` unless ``with_groups``
     or filtering needed it."""
-    if grouped:
+    path, index = file.handle.path, file.index
+    if file.grouped:
         groups = range(max(map(int, index), default=-1) + 1) if key_groups is None else key_groups
         yield from read_key_groups(root, path, index, groups)
         return

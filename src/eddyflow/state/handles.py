@@ -29,10 +29,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar, cast
 
-from eddyflow.state.abc import Changes, KeyedStateBackend
-from eddyflow.state.ttl import ExpiryIndex, ttl_kind
+from eddyflow.state.abc import KeyedStateBackend
+from eddyflow.state.changes import Changes
+from eddyflow.state.ttl import ExpiryIndex, StateTtl, ttl_kind
 from eddyflow.values import SCALARS
-from eddyflow.windowing.ttl import StateTtl
 
 __all__ = ["ListState", "MapState", "ReducingState", "TtlListState", "TtlMapState",
            "TtlReducingState", "TtlValueState", "ValueState"]
@@ -52,9 +52,9 @@ class _Handle:
         self._table = backend.declare(name, kind)
         self._changes: Changes = backend.changes(name)
         self.name = name
-        # A table that is not a dict stores a map or a list as rows (RocksDB):
-        # it is changed an entry or an element at a time.
-        self._rows: Any = None if isinstance(self._table, dict) else self._table
+        # A table of rows (RocksDB's map and list states) is changed an entry
+        # or an element at a time.
+        self._rows: Any = self._table if backend.capabilities(name).rows else None
 
     def _put(self, key: Any, value: Any) -> None:
         self._table[key] = value

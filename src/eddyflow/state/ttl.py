@@ -1,7 +1,7 @@
 """State time-to-live in the backends: how an entry with a TTL is stored,
 which entries a reader may see, and the index that drops expired entries
 without scanning the state (``ctx.value_state(name, ttl=ef.StateTtl(s))``;
-the rule itself is :class:`eddyflow.windowing.ttl.StateTtl`'s).
+the rule itself is :class:`eddyflow.state.ttl.StateTtl`'s).
 
 Stored form. An entry of a state with a TTL is stored with the time it was
 written, as Flink's ``TtlValue``: a value or reducing state's value is the
@@ -41,7 +41,7 @@ it at the synchronous phase of every snapshot, the removals being recorded
 as changes like any write (so incremental snapshots delete those entries),
 and the process operator after every batch (so a job without checkpoints
 does not keep expired state either). After a restore the index is rebuilt
-from the state (once, as timers are: ``runtime/timers.py``).
+from the state (once, as timers are: ``runtime/time/timers.py``).
 
 What is invisible is decided by the stored times alone, never by the index:
 the index only decides when an entry is looked at again, so an index that
@@ -54,13 +54,16 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 
-from eddyflow.windowing.ttl import StateTtl
+from eddyflow.checks import positive
+from eddyflow.state.table import PreloadingTable, TableCapabilities
 
 __all__ = [
     "ABSENT",
     "ExpiryIndex",
+    "StateTtl",
     "VisibleView",
     "base_kind",
     "has_ttl",
@@ -73,6 +76,26 @@ __all__ = [
 _SUFFIX = "+ttl"
 #: No value: an entry that is absent, or expired.
 ABSENT: Any = object()
+
+
+@dataclass(frozen=True)
+class StateTtl:
+    """``ctx.value_state("seen", ttl=ef.StateTtl(3600.0))``: entries expire
+    ``seconds`` after they were last written; expired entries are never
+    returned and are dropped from snapshots."""
+
+    seconds: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "seconds", positive("StateTtl", "seconds", self.seconds))
+
+    def expires_at(self, written_at: float) -> float:
+        """The time from which an entry written at ``written_at`` is expired."""
+        return written_at + self.seconds
+
+    def expired(self, written_at: float, now: float) -> bool:
+        """Whether an entry written at ``written_at`` is expired at ``now``."""
+        return written_at + self.seconds <= now
 
 
 def ttl_kind(kind: str) -> str:
@@ -176,20 +199,23 @@ def _earliest(stamped: Iterable[tuple[float, Any]]) -> float | None:
 
 class ExpiryIndex:
     """Which entries of one state with a TTL may have expired, by time (see
-    the module docstring). ``table`` is the state's table: a ``dict`` (the
-    memory backend; RocksDB's value cache is one too) or a RocksDB map or
-    list table of rows; ``changes`` where a removal is recorded."""
+    the module docstring). ``table`` is the state's table, with the
+    ``capabilities`` its backend declares (a map or list state may be stored
+    as rows, a table may load keys before they are read); ``changes`` where
+    a removal is recorded."""
 
     def __init__(self, name: str, kind: str, ttl: StateTtl, now: Callable[[], float],
-                 table: MutableMapping[Any, Any], changes: Any) -> None:
+                 table: MutableMapping[Any, Any], changes: Any,
+                 capabilities: TableCapabilities) -> None:
         self.name = name
         self.kind = base_kind(kind)
         self.ttl = ttl
         self.now = now
         self._table = table
         self._changes = changes
-        self._rows: Any = None if isinstance(table, dict) else table
-        self._load: Callable[[Any], None] | None = getattr(table, "load_one", None)
+        self._rows: Any = table if capabilities.rows else None
+        self._load: Callable[[Any], None] | None = (
+            cast(PreloadingTable, table).load_one if capabilities.preloads else None)
         self._heap: list[tuple[float, int, Any]] = []
         #: entry id -> the time its heap item has (one live item per id).
         self._indexed: dict[Any, float] = {}

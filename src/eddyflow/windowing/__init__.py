@@ -1,6 +1,6 @@
 """Event-time windowing, the runtime-independent half: watermark strategies,
 window assigners, session merging, window-function adapters, the window
-lifecycle rules and state TTL. Pure Python with no runtime imports: the
+lifecycle rules. Pure Python with no runtime imports: the
 window operator in ``eddyflow.runtime`` adapts these to keyed state and
 timers, and the tests check them against a plain-Python reference.
 
@@ -21,11 +21,15 @@ from eddyflow.windowing.functions import (
     check_window_function,
 )
 from eddyflow.windowing.lifecycle import (
+    Horizon,
     TimerAction,
     check_allowed_lateness,
+    cleanup_at,
     cleanup_time,
+    effective_lateness,
     fire_time,
     fires_on_element,
+    horizon,
     is_window_late,
     on_timer,
     route_record,
@@ -33,7 +37,6 @@ from eddyflow.windowing.lifecycle import (
     timers_to_register,
 )
 from eddyflow.windowing.merging import MergeResult, add_window, merge_windows
-from eddyflow.windowing.ttl import StateTtl
 from eddyflow.windowing.watermarks import (
     BoundedOutOfOrdernessGenerator,
     WatermarkStrategy,
@@ -46,6 +49,7 @@ from eddyflow.windowing.windows import (
     TimeWindow,
     TumblingEventTimeWindows,
     TumblingProcessingTimeWindows,
+    TumblingWindows,
     WindowAssigner,
     WindowResult,
 )
@@ -56,18 +60,19 @@ __all__ = [
     "BoundedOutOfOrdernessGenerator",
     "CountAdapter",
     "EventTimeSessionWindows",
+    "Horizon",
     "MergeResult",
     "OutputTag",
     "ProcessAdapter",
     "ProcessWindowFunction",
     "ReduceAdapter",
     "SlidingEventTimeWindows",
-    "StateTtl",
     "SumAdapter",
     "TimeWindow",
     "TimerAction",
     "TumblingEventTimeWindows",
     "TumblingProcessingTimeWindows",
+    "TumblingWindows",
     "WatermarkStrategy",
     "WindowAdapter",
     "WindowAssigner",
@@ -75,9 +80,12 @@ __all__ = [
     "add_window",
     "check_allowed_lateness",
     "check_window_function",
+    "cleanup_at",
     "cleanup_time",
+    "effective_lateness",
     "fire_time",
     "fires_on_element",
+    "horizon",
     "is_late",
     "is_window_late",
     "merge_windows",

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from eddyflow.windowing._checks import non_negative, positive
+from eddyflow.checks import non_negative, positive
 
 __all__ = ["BoundedOutOfOrdernessGenerator", "WatermarkStrategy", "is_late"]
 
@@ -164,7 +164,16 @@ class WatermarkStrategy:
         """A fresh generator for one parallel instance; watermark ``-inf``."""
         return BoundedOutOfOrdernessGenerator(self.max_delay)
 
+    def idle_at(self, last_record_at: float) -> float | None:
+        """The processing time at which a split whose last record came at
+        ``last_record_at`` turns idle (``None`` without ``idleness``): the
+        time the runtime schedules its check for."""
+        return None if self.idleness is None else last_record_at + self.idleness
+
     def is_idle(self, last_record_at: float, now: float) -> bool:
         """Whether a split whose last record came at processing time
-        ``last_record_at`` is idle at ``now`` (never without ``idleness``)."""
-        return self.idleness is not None and now - last_record_at >= self.idleness
+        ``last_record_at`` is idle at ``now`` (never without ``idleness``).
+        Decided on ``idle_at``'s time, so that a check scheduled for that
+        time finds the split idle, whatever the rounding of the sum."""
+        at = self.idle_at(last_record_at)
+        return at is not None and now >= at

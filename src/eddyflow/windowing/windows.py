@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from eddyflow.windowing._checks import finite, positive
+from eddyflow.checks import finite, positive
 
 __all__ = [
     "EventTimeSessionWindows",
@@ -29,6 +29,7 @@ __all__ = [
     "TimeWindow",
     "TumblingEventTimeWindows",
     "TumblingProcessingTimeWindows",
+    "TumblingWindows",
     "WindowAssigner",
     "WindowResult",
     "window_index",
@@ -143,8 +144,10 @@ def window_index(timestamp: float, offset: float, period: float) -> int:
 
 
 @dataclass(frozen=True)
-class _Tumbling(WindowAssigner):
-    """Fixed, non-overlapping windows ``[offset + k*size, offset + (k+1)*size)``."""
+class TumblingWindows(WindowAssigner):
+    """Fixed, non-overlapping windows ``[offset + k*size, offset + (k+1)*size)``:
+    what the event-time and processing-time tumbling assigners share (the
+    window operator's tumbling fast path takes either)."""
 
     size: float
     offset: float = 0.0
@@ -161,13 +164,13 @@ class _Tumbling(WindowAssigner):
 
 
 @dataclass(frozen=True)
-class TumblingEventTimeWindows(_Tumbling):
+class TumblingEventTimeWindows(TumblingWindows):
     """Fixed, non-overlapping event-time windows ``[offset + k*size,
     offset + (k+1)*size)``, fired by the watermark."""
 
 
 @dataclass(frozen=True)
-class TumblingProcessingTimeWindows(_Tumbling):
+class TumblingProcessingTimeWindows(TumblingWindows):
     """Tumbling windows over processing time: ``assign`` is given the clock's
     time when the record is processed, and windows fire on that clock. There
     is no lateness in processing time: a record always lands in the window

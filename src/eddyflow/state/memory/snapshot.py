@@ -38,19 +38,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from eddyflow.checkpoint.handles import StateFile
+from eddyflow.checkpoint.layout import CheckpointLayout
+from eddyflow.checkpoint.storage import CheckpointStorage, FileHandle
 from eddyflow.state import forked
-from eddyflow.state.abc import (
-    Changes,
-    KeyedSnapshot,
-    KeyedStateHandle,
-    SnapshotTarget,
-    StateFile,
-    Written,
-    written_keys,
-)
+from eddyflow.state.abc import KeyedSnapshot, SnapshotTarget
+from eddyflow.state.changes import Changes, Written, written_keys
 from eddyflow.state.format import encode_chunks
+from eddyflow.state.memory.handle import MemoryStateHandle
 from eddyflow.state.serialization import state_error
-from eddyflow.state.storage import CheckpointStorage, FileHandle
 from eddyflow.values import SCALARS
 
 if TYPE_CHECKING:
@@ -103,8 +99,8 @@ def shared_file_name(target: SnapshotTarget, operator: str, full: bool) -> str:
     """A snapshot file's path relative to the storage root: unique per
     operator, subtask, run and checkpoint."""
     kind = "full" if full else "delta"
-    return (f"shared/{operator}-{target.subtask}-{target.run_id}-"
-            f"{target.checkpoint_id}.{kind}")
+    return CheckpointLayout.shared_prefix(target.checkpoint_id, operator, target.subtask,
+                                          target.run_id) + f".{kind}"
 
 
 class _Pace:
@@ -267,7 +263,7 @@ class _Snapshot(KeyedSnapshot):
         self.base = base
         self.full = full
 
-    async def write(self) -> KeyedStateHandle:
+    async def write(self) -> MemoryStateHandle:
         base = self.base
         files = base.files if base is not None else ()
         base_bytes = base.base_bytes if base is not None else 0
@@ -313,8 +309,8 @@ class _Snapshot(KeyedSnapshot):
                 delta_bytes += size
         self.strategy.record(self.target.checkpoint_id, _Chain(files, base_bytes, delta_bytes))
         backend = self.strategy.backend
-        return KeyedStateHandle("memory", self.kinds, self.entries, backend.key_groups,
-                                files, new)
+        return MemoryStateHandle(self.kinds, self.entries, backend.key_groups, files,
+                                 new_files=new)
 
     def cancel(self) -> None:
         if self.work is not None:
@@ -361,7 +357,7 @@ def _encode_to_file(storage: CheckpointStorage, rel: str, tables: dict[str, dict
                     key_sets: list[dict[str, Written]], full: bool, max_parallelism: int,
                     operator: str, checkpoint: int) -> _Streamed | None:
     """:func:`_encode` into a new temporary file next to ``rel``, for
-    :meth:`~eddyflow.state.storage.CheckpointStorage.seal`; ``None`` (and no
+    :meth:`~eddyflow.checkpoint.storage.CheckpointStorage.seal`; ``None`` (and no
     file) when there is nothing to write."""
     tmp, out = storage.open_temp(rel)
     try:

@@ -3,96 +3,77 @@ database per operator subtask (``rocksdict``), behind a bounded write cache
 (:mod:`eddyflow.state.rocksdb.tables`), with incremental checkpoints
 (:mod:`eddyflow.state.rocksdb.snapshot`).
 
-Local layout, under the backend's ``path``: a folder per keyed backend
-instance (``<operator>-<subtask>-<random>/``, holding ``db/`` and the local
-RocksDB checkpoints ``chk-<n>/`` until they are uploaded) and a lock file
-beside it, ``flock``-ed while the instance lives. The local database is
-only a working copy: recovery always starts from a checkpoint. An instance's
-folder goes when nothing refers to it any more (its backend, and the
-``JobResult`` views that read the final state); folders whose lock nobody
-holds (a killed process's) are removed when the next backend starts.
+The package by concern: ``instance`` the local folder and its lock,
+``store`` the database's rows and the asynchronous half of a snapshot,
+``sst`` writing changes as SST files, ``snapshot`` the snapshot strategy
+and the upload, ``restore`` restoring from its own checkpoints, ``reader``
+reading rows back, ``handle`` and ``kind`` its checkpoint handle and its
+registration. This module holds the backend and its keyed backends: the
+tables, and the synchronous half of a snapshot.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import fcntl
 import functools
-import itertools
-import logging
 import os
 import pickle
-import shutil
-import threading
-import time
 import uuid
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
-import anyio
-
+from eddyflow.checkpoint.handles import KeyedStateHandle
 from eddyflow.errors import StateSerializationError
 from eddyflow.state import forked
-from eddyflow.state.abc import (
-    Changes,
-    KeyedSnapshot,
-    KeyedStateBackend,
-    KeyedStateHandle,
-    SnapshotAbandoned,
-    SnapshotTarget,
-    StateBackend,
-    Written,
-    written_keys,
-)
+from eddyflow.state.abc import KeyedSnapshot, KeyedStateBackend, SnapshotTarget, StateBackend
+from eddyflow.state.changes import Changes, Written
 from eddyflow.state.format import DELETED
-from eddyflow.state.rocksdb.files import DbOptions, materialise, open_db, scan
-from eddyflow.state.rocksdb.keys import (
-    MAX_PARALLELISM,
-    StatePrefix,
-    key_group_bounds,
-    sort_order,
-)
-from eddyflow.state.rocksdb.reader import assemble, read_rows
+from eddyflow.state.registry import kind_of
+from eddyflow.state.rocksdb.files import DbOptions
+from eddyflow.state.rocksdb.handle import RocksDBStateHandle
+from eddyflow.state.rocksdb.instance import LocalInstance, remove_stale
+from eddyflow.state.rocksdb.keys import MAX_PARALLELISM, key_group_bounds
+from eddyflow.state.rocksdb.reader import RocksStateView, read_rows
+from eddyflow.state.rocksdb.restore import copy_key_groups, open_checkpointed
 from eddyflow.state.rocksdb.snapshot import RocksSnapshotStrategy
+from eddyflow.state.rocksdb.sst import (
+    Part,
+    capture,
+    ingest_moved,
+    write_sorted_sst,
+    write_sst,
+)
+from eddyflow.state.rocksdb.store import Flush, Store
 from eddyflow.state.rocksdb.tables import (
-    MISSING,
-    Batch,
     ListTable,
     MapTable,
-    Pickled,
     Serializer,
     ValueTable,
-    dump_all,
     new_batch,
-    put_rows,
 )
-from eddyflow.state.serialization import raise_state_error, state_error
+from eddyflow.state.table import TableCapabilities
 from eddyflow.state.ttl import base_kind, has_ttl
-from eddyflow.values import SCALARS
 
 __all__ = ["PickleSerializer", "RocksDBKeyedStateBackend", "RocksDBStateBackend"]
 
-log = logging.getLogger("eddyflow.state")
-
-_STALE_AFTER = 60.0  # seconds: a lock file younger than this may be being set up
 #: Up to this many changed keys a snapshot writes them at the barrier; above
-#: it a forked child does. Measured with 1M keys cached: 10k keys inline
-#: took 47-190 ms on a loaded 2-vCPU machine, a fork 40-136 ms (it copies
-#: the page tables of the whole heap), so forking pays only for more.
+#: it a forked child does: a fork copies the page tables of the whole heap,
+#: so it pays only for more (``benchmarks/state.py``, the RocksDB rows).
 _INLINE = 20000
 #: At the end of the input, above this many changed keys (counted with
-#: repeats) half of them are written by a forked child: a fork costs 40-136 ms
-#: with 1M keys cached (see above), writing 50k rows about as much.
+#: repeats) half of them are written by a forked child: about where writing
+#: the rows costs what a fork does (see above).
 _SPLIT = 100_000
-_IMMUTABLE = SCALARS | {type(MISSING)}
+
+#: What each kind of table offers (``state/table.py``).
+_VALUE = TableCapabilities(preloads=True)
+_ROWS = TableCapabilities(rows=True)
 
 
 class PickleSerializer:
     """The default value serializer. ``dumps`` and ``loads`` are the C
     functions themselves, not methods around them: they run once per value
-    written or read (a wrapper was 0.4 s of a 1M-key snapshot)."""
+    written or read (a wrapper around them shows in ``benchmarks/state.py``)."""
 
     def __init__(self) -> None:
         self.dumps: Callable[[Any], bytes] = functools.partial(
@@ -100,295 +81,12 @@ class PickleSerializer:
         self.loads: Callable[[bytes], Any] = pickle.loads
 
 
-class _Instance:
-    """One keyed backend's local folder and lock; removed when unreferenced."""
-
-    def __init__(self, root: str, name: str) -> None:
-        os.makedirs(root, exist_ok=True)
-        self.folder = os.path.join(root, name)
-        lock = self.folder + ".lock"
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.makedirs(self.folder)
-        self.db_path = os.path.join(self.folder, "db")
-        self.db: Any = None
-        self._reader: Any = None
-        self._finalizer = weakref.finalize(self, _remove_instance, self.folder, lock, fd,
-                                           self._handles)
-
-    @property
-    def _handles(self) -> list[Any]:
-        # The finalizer may not refer to self: the open databases live in a list.
-        h: list[Any] = self.__dict__.setdefault("_open", [])
-        return h
-
-    def open(self, options: DbOptions) -> Any:
-        self.db = open_db(self.db_path, options)
-        self._handles.append(self.db)
-        return self.db
-
-    def reader(self) -> Any:
-        """The database, read-only, once the backend closed it."""
-        if self.db is not None:
-            return self.db
-        if self._reader is None:
-            self._reader = open_db(self.db_path, read_only=True)
-            self._handles.append(self._reader)
-        return self._reader
-
-    def close_db(self) -> None:
-        if self.db is not None:
-            self.db.close()
-            self._handles.remove(self.db)
-            self.db = None
-
-
-def _remove_instance(folder: str, lock: str, fd: int, handles: list[Any]) -> None:
-    for db in handles:
-        with contextlib.suppress(Exception):
-            db.close()
-    shutil.rmtree(folder, ignore_errors=True)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(lock)
-    os.close(fd)
-
-
-def _remove_stale(root: str) -> None:
-    """Folders of instances whose process is gone (their lock is free)."""
-    try:
-        names = os.listdir(root)
-    except FileNotFoundError:
-        return
-    now = time.time()
-    for name in names:
-        if not name.endswith(".lock"):
-            continue
-        lock = os.path.join(root, name)
-        try:
-            if now - os.stat(lock).st_mtime < _STALE_AFTER:
-                continue
-            fd = os.open(lock, os.O_RDWR)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            continue
-        shutil.rmtree(lock[:-len(".lock")], ignore_errors=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(lock)
-        os.close(fd)
-        log.info("removed the local RocksDB folder of a finished process: %s", lock[:-5])
-
-
-class _Store:
-    """The rows of one database (see ``tables.RowStore``)."""
-
-    def __init__(self, instance: _Instance, serializer: Serializer, operator: str) -> None:
-        self.instance = instance
-        self.serializer = serializer
-        self.operator = operator
-        #: See ``tables.RowStore.unwritable``.
-        self.unwritable = False
-        #: Snapshots whose RocksDB checkpoint is not taken yet.
-        self.inflight: list[_Flush] = []
-        #: Orders writes against a checkpoint taken in a worker thread.
-        self.lock = threading.Lock()
-
-    @property
-    def busy(self) -> bool:
-        return bool(self.inflight)
-
-    @property
-    def db(self) -> Any:
-        return self.instance.db
-
-    def get(self, row: bytes) -> bytes | None:
-        value: bytes | None = self.db.get(row)
-        return value
-
-    def get_many(self, rows: list[bytes]) -> list[bytes | None]:
-        values: list[bytes | None] = self.db.get(rows)
-        return values
-
-    def scan(self, lower: bytes, upper: bytes) -> Iterator[tuple[bytes, bytes]]:
-        return scan(self.db, lower, upper)
-
-    def last_row(self, lower: bytes, upper: bytes) -> bytes | None:
-        it = self.db.iter()
-        it.seek_for_prev(upper)
-        while it.valid():
-            row: bytes = it.key()
-            if row < lower:
-                return None
-            if row < upper:
-                return row
-            it.prev()
-        return None
-
-    def write(self, batch: Batch) -> None:
-        with self.lock:
-            self.db.write(batch)
-
-
-class _Flush:
-    """A snapshot between its two halves: the changes the barrier wrote at
-    once, and those a forked child writes as an SST file, to be ingested
-    before the database's checkpoint is taken."""
-
-    def __init__(self, checkpoint_id: int, local: str, work: forked.ChildWork | None,
-                 sst: str, written: list[tuple[ValueTable, Written]]) -> None:
-        self.checkpoint_id = checkpoint_id
-        self.local = local
-        self.work = work
-        #: The child's SST file (if it has rows).
-        self.sst = sst
-        self.written = written
-        #: SST files written at the barrier, by this process.
-        self.inline: list[str] = []
-        #: ``[lower, upper)`` ranges deleted before the files are ingested
-        #: (a state written whole: its rows that the cache no longer has).
-        self.cleared: list[tuple[bytes, bytes]] = []
-        #: Values taken at the barrier, written by the checkpoint's thread.
-        self.deferred: list[tuple[ValueTable, list[Any], list[Any]]] = []
-        #: Its changes (SST files, or deferred values) are in the database.
-        self.ingested = False
-        self.done = False
-        self.abandoned = False
-
-
-class _Part(NamedTuple):
-    """The rows one value table contributes to a snapshot's SST file."""
-
-    table: ValueTable
-    prefix: StatePrefix
-    written: Written
-    #: Every key the table holds, not only those written (see begin_snapshot).
-    whole: bool
-
-
-def _part_items(part: _Part, share: tuple[int, int]) -> tuple[list[Any], list[Any]]:
-    """Share ``i`` of ``n`` of a part's keys and their values (``MISSING``:
-    removed). The parent and a forked child each take their share of the
-    same lists: both build them from the same image, in the same order."""
-    table = part.table
-    i, n = share
-    if part.whole:
-        size = -(-len(table) // n)
-        start, stop = i * size, (i + 1) * size
-        return (list(itertools.islice(table, start, stop)),
-                list(itertools.islice(table.values(), start, stop)))
-    keys = list(written_keys(part.written))
-    if n > 1:
-        size = -(-len(keys) // n)
-        keys = keys[i * size:(i + 1) * size]
-    return keys, list(map(table.get, keys, itertools.repeat(MISSING)))
-
-
-def _write_sst(path: str, parts: list[_Part], dumps: Callable[[Any], bytes], operator: str,
-               checkpoint: int, share: tuple[int, int] = (0, 1)) -> bool:
-    """The rows of share ``i`` of ``n`` of ``parts``' keys, in order, as an
-    SST file (``False``: there were none); in a forked child, or at the
-    barrier. A value that cannot be serialized raises a
-    :class:`~eddyflow.errors.StateSerializationError` naming ``operator``,
-    its state and key, and ``checkpoint``.
-
-    Every step runs a key at a time in C (``map``), none in Python bytecode
-    (CPU for 500k string keys, a share of the end of a 1M-key running sum:
-    row keys 0.2 s, values 0.1 s, pickling 0.02 s, order 0.16 s, gathering
-    by it 0.12 s, the writer 0.21 s; sorting ``(row, value)`` tuples by a
-    key function and writing them in a Python loop took 1.2 s for 1M keys
-    for the order alone)."""
-    from rocksdict import Options, SstFileWriter
-
-    rows: list[bytes] = []
-    values: list[Any] = []
-    for part in parts:
-        keys, vs = _part_items(part, share)
-        rows += part.prefix.prefixes(keys)
-        values += vs
-    if not rows:
-        return False
-    # (By identity: a value's own __eq__ is not to be trusted.)
-    gone = id(MISSING) in map(id, values)
-    try:
-        raws = ([None if v is MISSING else dumps(v) for v in values] if gone
-                else dump_all(values, dumps))
-    except Exception as exc:
-        for part in parts:
-            _check_values(exc, part, share, dumps, operator, checkpoint)
-        raise
-    order = sort_order(rows)
-    rows = list(map(rows.__getitem__, order))
-    raws = list(map(raws.__getitem__, order))
-    writer = SstFileWriter(Options(raw_mode=True))
-    partial = path + ".partial"
-    writer.open(partial)
-    if gone:
-        for row, raw in zip(rows, raws, strict=True):
-            if raw is None:
-                del writer[row]
-            else:
-                writer[row] = raw
-    else:
-        collections.deque(map(writer.__setitem__, rows, raws), maxlen=0)
-    writer.finish()
-    os.replace(partial, path)  # its name says it is whole
-    return True
-
-
-def _check_values(exc: Exception, part: _Part, share: tuple[int, int],
-                  dumps: Callable[[Any], bytes], operator: str, checkpoint: int) -> None:
-    """After ``exc``: raise the error naming the key of ``part`` whose
-    value cannot be serialized, if it holds one."""
-    keys, values = _part_items(part, share)
-    items = [(k, v) for k, v in zip(keys, values, strict=True) if v is not MISSING]
-    error = state_error(exc, items, operator=operator, state=part.table.rows.name,
-                        checkpoint=checkpoint, dumps=dumps)
-    if error is not exc:
-        raise error from exc
-
-
-def _capture(table: ValueTable, written: Written, dumps: Callable[[Any], bytes],
-             operator: str, checkpoint: int) -> tuple[list[Any], list[Any]]:
-    """The keys in ``written`` and their values as they are now."""
-    listed = list(written_keys(written))
-    values = list(map(table.get, listed, itertools.repeat(MISSING)))
-    if not set(map(type, values)) <= _IMMUTABLE:
-        try:
-            values = [v if type(v) in SCALARS or v is MISSING else Pickled(dumps(v))
-                      for v in values]
-        except Exception as exc:
-            raise_state_error(exc, ((k, v) for k, v in zip(listed, values, strict=True)
-                                    if v is not MISSING),
-                              operator=operator, state=table.rows.name,
-                              checkpoint=checkpoint, dumps=dumps)
-    return listed, values
-
-
-def _batch_of(deferred: list[tuple[ValueTable, list[Any], list[Any]]],
-              dumps: Callable[[Any], bytes]) -> Batch:
-    batch = new_batch()
-    for table, keys, values in deferred:
-        put_rows(batch, table.rows.prefixes(keys), values, dumps)
-    return batch
-
-
-def _ingest_moved(db: Any, path: str) -> None:
-    """Ingest the SST file ``path`` into ``db``, moving it (a hard link:
-    no copy; the file is RocksDB's afterwards)."""
-    from rocksdict import IngestExternalFileOptions
-
-    opts = IngestExternalFileOptions()
-    opts.set_move_files(True)
-    db.ingest_external_file([path], opts)
-
-
 AnyTable = ValueTable | MapTable | ListTable
 
 
 class RocksDBKeyedStateBackend(KeyedStateBackend):
+    """The keyed state of one operator subtask in a local RocksDB database."""
+
     def __init__(self, factory: RocksDBStateBackend, operator: str, subtask: int,
                  key_groups: range, max_parallelism: int) -> None:
         if max_parallelism > MAX_PARALLELISM:
@@ -400,9 +98,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         super().__init__(operator, key_groups, max_parallelism)
         self.factory = factory
         self.subtask = subtask
-        self._instance = _Instance(factory.path, f"{operator}-{subtask}-{uuid.uuid4().hex[:8]}")
+        self._instance = LocalInstance(factory.path, f"{operator}-{subtask}-{uuid.uuid4().hex[:8]}")
         self._instance.open(factory.db_options)
-        self._store = _Store(self._instance, factory.serializer, operator)
+        self._store = Store(self._instance, factory.serializer, operator)
         self._strategy = RocksSnapshotStrategy(self, factory.incremental)
         #: The database holds nothing the caches do not (a fresh start).
         self._fresh = True
@@ -436,6 +134,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             self._loaders.append(table)
         self._rtables[name] = table
         return table
+
+    def capabilities(self, name: str) -> TableCapabilities:
+        # A value table caches the database and loads a batch's keys at
+        # once; a map or list state is rows.
+        return _VALUE if isinstance(self._table(name), ValueTable) else _ROWS
 
     def changes(self, name: str) -> Changes:
         return self._changes[name]
@@ -496,7 +199,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             self._store.unwritable = True
             raise
 
-    def begin_snapshot(self, checkpoint_id: int, at_end: bool) -> _Flush:
+    def begin_snapshot(self, checkpoint_id: int, at_end: bool) -> Flush:
         """The synchronous half: the changes since the last snapshot are
         written, a few at once, many by a forked child (on a copy-on-write
         image of the caches as they are now, on another core) as an SST file
@@ -509,7 +212,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             # writing most of the state is waited for and its file ingested,
             # and this one writes only what changed since.
             if at_end and older.work is not None and not older.abandoned:
-                self._ingest_now(older)
+                self._store.ingest_now(older)
             else:
                 self.abandon(older)
         batch = new_batch()
@@ -527,28 +230,27 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         written = [(t, t.changes.take()) for t in self._loaders]
         folder = self._instance.folder
         sst = os.path.join(folder, f"ingest-{checkpoint_id}.sst")
-        flush = _Flush(checkpoint_id, os.path.join(folder, f"chk-{checkpoint_id}"), None, sst,
+        flush = Flush(checkpoint_id, os.path.join(folder, f"chk-{checkpoint_id}"), None, sst,
                        written)
         dumps = self.factory.serializer.dumps
         if size <= _INLINE:
             # Few: their values are taken now (immutable ones by reference,
             # the others pickled: what user code changes in place after the
             # barrier must not reach the checkpoint); their rows are made and
-            # written by the worker thread that takes the checkpoint
-            # (measured: 10k rows cost 40-100 ms of the barrier).
-            flush.deferred = [(t, *_capture(t, w, dumps, self.operator, checkpoint_id))
+            # written by the worker thread that takes the checkpoint (rows
+            # made at the barrier would stop the loop: benchmarks/state.py).
+            flush.deferred = [(t, *capture(t, w, dumps, self.operator, checkpoint_id))
                               for t, w in written]
         elif not at_end and forked.ENABLED:
             flush.work = forked.start(functools.partial(
-                _write_sst, sst, self._parts(written, False, size), dumps, self.operator,
+                write_sst, sst, self._parts(written, False, size), dumps, self.operator,
                 checkpoint_id))
         else:
             # Many, and nothing runs beside: a sorted SST file written here
-            # and ingested costs a third of a WriteBatch's memtable inserts
-            # (measured: 1.3 s of 4.9 for 464k keys), and half of it is
-            # written by a forked child on the other core, which is idle
-            # now (profiled: the end-of-input checkpoint of a 1M-key running
-            # sum was 2.9 s of its 5.4 s, building rows a key at a time).
+            # and ingested costs a fraction of a WriteBatch's memtable
+            # inserts, and half of it is written by a forked child on the
+            # other core, which is idle now (the end-of-input rows of
+            # benchmarks/state.py measure both).
             parts = self._parts(written, at_end, size)
             if any(p.whole for p in parts):
                 flush.cleared = [key_group_bounds(self.key_groups)]
@@ -557,9 +259,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             if forked.ENABLED and size > _SPLIT:
                 share = (0, 2)
                 flush.work = forked.start(functools.partial(
-                    _write_sst, sst, parts, dumps, self.operator, checkpoint_id, (1, 2)))
+                    write_sst, sst, parts, dumps, self.operator, checkpoint_id, (1, 2)))
             try:
-                if _write_sst(mine, parts, dumps, self.operator, checkpoint_id, share):
+                if write_sst(mine, parts, dumps, self.operator, checkpoint_id, share):
                     flush.inline.append(mine)
             except BaseException:
                 if flush.work is not None:
@@ -572,99 +274,29 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         return flush
 
     def _parts(self, written: list[tuple[ValueTable, Written]], at_end: bool, size: int
-               ) -> list[_Part]:
+               ) -> list[Part]:
         """What each value table writes. At the end of the input, a table
         that holds every key of the only state, when at least as many
         writes were recorded as it has keys (nearly every key changed,
         typically), is written whole: its keys and values are read in the
         table's own order, where the keys written would be de-duplicated
-        through a set and each value looked up (a cache miss each: 0.7 of
-        2.7 s for 1M keys), and its other rows are deleted by one range
+        through a set and each value looked up (a cache miss each: see the
+        end-of-input rows of ``benchmarks/state.py``), and its other rows are
+        deleted by one range
         tombstone. Only at the end: a periodic checkpoint would grow by the
         keys that did not change, and its cost runs on another core."""
         whole = (at_end and len(self._kinds) == 1 and len(written) == 1
                  and written[0][0].complete and size >= len(written[0][0]))
-        return [_Part(t, t.rows, w, whole) for t, w in written]
+        return [Part(t, t.rows, w, whole) for t, w in written]
 
-    def _ingest(self, flush: _Flush, child: bool) -> None:
-        """Put ``flush``'s changes into the database (under the store's
-        lock): its cleared ranges, then its files, each on its own (the
-        parent's and the child's files may overlap in key range; their rows
-        never do)."""
-        db = self._instance.db
-        if flush.cleared:
-            batch = new_batch()
-            for lower, upper in flush.cleared:
-                batch.delete_range(lower, upper)
-            db.write(batch)
-        for f in [*flush.inline, *([flush.sst] if child else [])]:
-            _ingest_moved(db, f)
-        flush.ingested = True
+    async def finish_snapshot(self, flush: Flush) -> None:
+        """The asynchronous half's work on the database: ``flush``'s changes
+        in, the RocksDB checkpoint taken (``Store.finish``)."""
+        await self._store.finish(flush)
 
-    def _ingest_now(self, flush: _Flush) -> None:
-        assert flush.work is not None
-        flush.work.wait_exit()
-        if not os.path.exists(flush.sst):
-            self.abandon(flush)  # it failed, or had nothing: its keys are rewritten
-            return
-        with self._store.lock:
-            if flush.abandoned or flush.ingested:
-                return
-            self._ingest(flush, True)
-
-    async def finish_snapshot(self, flush: _Flush) -> None:
-        """The child's file ingested, the RocksDB checkpoint taken (in a
-        worker thread: RocksDB releases the GIL while it flushes)."""
-        child = False
-        if flush.work is not None:
-            try:
-                child = bool(await flush.work.result())
-            except BaseException as exc:
-                if isinstance(exc, StateSerializationError):
-                    self._store.unwritable = True
-                self.abandon(flush)
-                raise
-        await anyio.to_thread.run_sync(self._checkpoint, flush, child)
-
-    def _checkpoint(self, flush: _Flush, child: bool) -> None:
-        from rocksdict import Checkpoint
-
-        store = self._store
-        with store.lock:
-            if flush.abandoned:
-                raise SnapshotAbandoned(f"operator '{self.operator}': snapshot "
-                                        f"{flush.checkpoint_id} was abandoned")
-            db = self._instance.db
-            if flush.deferred and not flush.ingested:
-                db.write(_batch_of(flush.deferred, self.factory.serializer.dumps))
-                flush.ingested = True
-            if not flush.ingested:
-                self._ingest(flush, child)
-            db.flush()
-            shutil.rmtree(flush.local, ignore_errors=True)
-            Checkpoint(db).create_checkpoint(flush.local)
-            flush.done = True
-            store.inflight.remove(flush)
-        self._close_when_idle()
-
-    def abandon(self, flush: _Flush) -> None:
-        """A snapshot that will not complete: its child stops, and the
-        changes it was to write are written by the next flush."""
-        store = self._store
-        with store.lock:
-            if flush.done or flush.abandoned:
-                return
-            flush.abandoned = True
-            if flush.work is not None:
-                flush.work.cancel()
-            if not flush.ingested:  # its changes are not in the database
-                for t, w in flush.written:
-                    t.rewrite(w)
-            for f in (flush.sst, *flush.inline):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(f)
-            store.inflight.remove(flush)
-        self._close_when_idle()
+    def abandon(self, flush: Flush) -> None:
+        """A snapshot that will not complete (``Store.abandon``)."""
+        self._store.abandon(flush)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         self._strategy.confirm(checkpoint_id)
@@ -700,34 +332,21 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         return n
 
     def bulk_load(self, name: str, kind: str, entries: Mapping[Any, Any]) -> int:
-        """A value state's entries as one sorted SST file, ingested (a third
-        of what the same rows cost through the caches and write batches:
-        measured 2.9 against 8.2 s for 500k string keys); other kinds
-        through :meth:`restore`."""
+        """A value state's entries as one sorted SST file, ingested (a
+        fraction of what the same rows cost through the caches and write
+        batches: the bootstrap rows of ``benchmarks/offline.py``); other
+        kinds through :meth:`restore`."""
         if base_kind(kind) in ("map", "list") or has_ttl(kind) or not entries:
             return super().bulk_load(name, kind, entries)
-        from rocksdict import Options, SstFileWriter
-
         self._was_restored()
         self.declare(name, kind)
         self._not_fresh()
-        keys = list(entries)
-        rows = StatePrefix(name, self.max_parallelism).prefixes(keys)
-        order = sort_order(rows)
-        dumps = self.factory.serializer.dumps
         path = os.path.join(self._instance.folder, f"bulk-{name}.sst")
-        writer = SstFileWriter(Options(raw_mode=True))
-        writer.open(path)
-        try:
-            for i in order:
-                writer[rows[i]] = dumps(entries[keys[i]])
-        except Exception as exc:
-            raise_state_error(exc, entries.items(), operator=self.operator, state=name,
-                              dumps=dumps)
-        writer.finish()
+        n = write_sorted_sst(path, name, self.max_parallelism, entries,
+                             self.factory.serializer.dumps, self.operator)
         with self._store.lock:
-            _ingest_moved(self._instance.db, path)
-        return len(keys)
+            ingest_moved(self._instance.db, path)
+        return n
 
     def _flush_and_forget(self) -> None:
         """Write what the caches hold and empty them (a restore must not
@@ -742,62 +361,32 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._was_restored()
         for name, kind in kinds.items():
             self.declare(name, kind)
-        mine = [h for h in handles if h.backend == "rocksdb"]
+        mine = [h for h in handles if isinstance(h, RocksDBStateHandle)]
         if len(handles) == 1 and len(mine) == 1 and mine[0].key_groups == self.key_groups:
             return self._restore_same(root, mine[0])
         n = 0
         for h in handles:
-            if h.backend == "rocksdb":
-                n += self._restore_range(root, h)
+            if isinstance(h, RocksDBStateHandle):
+                for name, kind in h.kinds.items():
+                    self.declare(name, kind)
+                self._not_fresh()
+                n += copy_key_groups(root, h, self.key_groups, self._instance, self._store)
             else:
                 n += self.restore(h.kinds, ((name, key, value) for _, name, key, value
-                                            in h.read(root, key_groups=self.key_groups,
-                                                      max_parallelism=self.max_parallelism)))
+                                            in kind_of(h).read(
+                                                root, h, key_groups=self.key_groups,
+                                                max_parallelism=self.max_parallelism)))
         return n
 
-    def _restore_same(self, root: str, handle: KeyedStateHandle) -> int:
-        """The database of the checkpoint, as it was: its files, opened."""
-        inst = self._instance
-        inst.close_db()
-        materialise(root, dict(handle.db_files), inst.db_path)
-        inst.open(self.factory.db_options)
+    def _restore_same(self, root: str, handle: RocksDBStateHandle) -> int:
+        """The database of the checkpoint, as it was."""
+        open_checkpointed(root, handle, self._instance, self.factory.db_options)
         for name, kind in handle.kinds.items():
             self.declare(name, kind)
         self._not_fresh()
         if self.factory.incremental:
-            self._strategy.restored(root, {n: h for n, h in handle.db_files
-                                           if n.endswith(".sst")})
+            self._strategy.restored(root, handle.sst_files())
         return handle.entries
-
-    def _restore_range(self, root: str, handle: KeyedStateHandle) -> int:
-        """The rows of the key groups this subtask owns, copied from an old
-        subtask's database (one contiguous range: no row is decoded)."""
-        for name, kind in handle.kinds.items():
-            self.declare(name, kind)
-        self._not_fresh()
-        start = max(self.key_groups.start, handle.key_groups.start)
-        stop = min(self.key_groups.stop, handle.key_groups.stop)
-        if start >= stop:
-            return 0
-        folder = os.path.join(self._instance.folder, "restore")
-        materialise(root, dict(handle.db_files), folder)
-        n = 0
-        try:
-            old = open_db(folder, read_only=True)
-            try:
-                batch = new_batch()
-                for row, value in scan(old, *key_group_bounds(range(start, stop))):
-                    batch.put(row, value)
-                    n += 1
-                    if n % 65536 == 0:
-                        self._store.write(batch)
-                        batch = new_batch()
-                self._store.write(batch)
-            finally:
-                old.close()
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-        return n
 
     def _not_fresh(self) -> None:
         self._fresh = False
@@ -815,59 +404,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             super().close()
             # A snapshot still in flight (its job is being cancelled, or
             # failed) needs the database until it ends: it is closed then.
-            self._close_when_idle()
-
-    def _close_when_idle(self) -> None:
-        with self._store.lock:
-            if self._closed and not self._store.inflight:
-                self._instance.close_db()
-
-
-class RocksStateView(Mapping[Any, Any]):
-    """One state of a RocksDB backend, read from its database on demand."""
-
-    def __init__(self, instance: _Instance, name: str, kind: str, max_parallelism: int,
-                 loads: Callable[[bytes], Any]) -> None:
-        self._instance = instance
-        self._loads = loads
-        self._rows = StatePrefix(name, max_parallelism)
-        self.name = name
-        self.kind = kind
-        self._len: int | None = None
-
-    def _items(self) -> Iterator[tuple[Any, Any]]:
-        db = self._instance.reader()
-        for name, _, key, value in read_rows(db, {self.name: self.kind}, None, self._loads):
-            if name == self.name:
-                yield key, value
-
-    def __getitem__(self, key: Any) -> Any:
-        db = self._instance.reader()
-        p = self._rows.prefix(key)
-        if base_kind(self.kind) not in ("map", "list"):
-            raw = db.get(p)
-            if raw is None:
-                raise KeyError(key)
-            return self._loads(raw)
-        rows = [(key, row[len(p):], self._loads(v)) for row, v in scan(db, p, p + b"\xff")]
-        for _, value in assemble(self.kind, rows):
-            return value
-        raise KeyError(key)
-
-    def __iter__(self) -> Iterator[Any]:
-        for key, _ in self._items():
-            yield key
-
-    def __len__(self) -> int:
-        if self._len is None:
-            self._len = sum(1 for _ in self._items())
-        return self._len
-
-    def items(self) -> Any:
-        return list(self._items())
-
-    def __repr__(self) -> str:
-        return f"<RocksDB state '{self.name}' ({self.kind})>"
+            self._store.closed = True
+            self._store.close_when_idle()
 
 
 class RocksDBStateBackend(StateBackend):
@@ -902,7 +440,7 @@ class RocksDBStateBackend(StateBackend):
     ) -> RocksDBKeyedStateBackend:
         if not self._swept:
             self._swept = True
-            _remove_stale(self.path)
+            remove_stale(self.path)
         return RocksDBKeyedStateBackend(self, operator, subtask, key_groups, max_parallelism)
 
     def __repr__(self) -> str:

@@ -18,7 +18,7 @@ import shutil
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from eddyflow.state.storage import CheckpointCorrupted, FileHandle
+from eddyflow.checkpoint.storage import CheckpointCorrupted, FileHandle
 
 __all__ = ["DbOptions", "copy_verified", "hash_file", "materialise", "open_db", "scan"]
 

@@ -1,7 +1,8 @@
 """Reading keyed state out of a RocksDB database or a RocksDB checkpoint
 handle: rows decoded back into ``(state, key group, key, value)``, map and
 list rows assembled into whole dicts and lists. Used by restores into
-another backend, the offline (Spark) readers and ``JobResult.state``.
+another backend, the offline (Spark) readers and ``JobResult.state``
+(:class:`RocksStateView`).
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from eddyflow.state.rocksdb.files import materialise, open_db, scan
-from eddyflow.state.rocksdb.keys import decode_key, key_group_bounds, split_row
+from eddyflow.state.rocksdb.keys import StatePrefix, decode_key, key_group_bounds, split_row
 from eddyflow.state.ttl import base_kind
 
 if TYPE_CHECKING:
-    from eddyflow.state.abc import KeyedStateHandle
+    from eddyflow.state.rocksdb.handle import RocksDBStateHandle
+    from eddyflow.state.rocksdb.instance import LocalInstance
 
-__all__ = ["assemble", "read_handle", "read_rows"]
+__all__ = ["RocksStateView", "assemble", "read_handle", "read_rows"]
 
 
 def read_rows(db: Any, kinds: Mapping[str, str], key_groups: range | None,
@@ -51,7 +53,7 @@ def read_rows(db: Any, kinds: Mapping[str, str], key_groups: range | None,
             yield last[1], last[0], k, value
 
 
-def read_handle(root: str, handle: KeyedStateHandle, key_groups: range | None = None,
+def read_handle(root: str, handle: RocksDBStateHandle, key_groups: range | None = None,
                 local_dir: str | None = None) -> Iterator[tuple[str, int, Any, Any]]:
     """The entries of a RocksDB checkpoint handle in ``key_groups``: its
     files are copied (and verified) into a temporary folder (under
@@ -92,3 +94,49 @@ def assemble(kind: str, key_rest_values: Iterable[tuple[Any, bytes, Any]]
 def _first(t: tuple[Any, bytes, Any]) -> Any:
     return t[0]
 
+
+class RocksStateView(Mapping[Any, Any]):
+    """One state of a RocksDB backend, read from its database on demand."""
+
+    def __init__(self, instance: LocalInstance, name: str, kind: str, max_parallelism: int,
+                 loads: Callable[[bytes], Any]) -> None:
+        self._instance = instance
+        self._loads = loads
+        self._rows = StatePrefix(name, max_parallelism)
+        self.name = name
+        self.kind = kind
+        self._len: int | None = None
+
+    def _items(self) -> Iterator[tuple[Any, Any]]:
+        db = self._instance.reader()
+        for name, _, key, value in read_rows(db, {self.name: self.kind}, None, self._loads):
+            if name == self.name:
+                yield key, value
+
+    def __getitem__(self, key: Any) -> Any:
+        db = self._instance.reader()
+        p = self._rows.prefix(key)
+        if base_kind(self.kind) not in ("map", "list"):
+            raw = db.get(p)
+            if raw is None:
+                raise KeyError(key)
+            return self._loads(raw)
+        rows = [(key, row[len(p):], self._loads(v)) for row, v in scan(db, p, p + b"\xff")]
+        for _, value in assemble(self.kind, rows):
+            return value
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[Any]:
+        for key, _ in self._items():
+            yield key
+
+    def __len__(self) -> int:
+        if self._len is None:
+            self._len = sum(1 for _ in self._items())
+        return self._len
+
+    def items(self) -> Any:
+        return list(self._items())
+
+    def __repr__(self) -> str:
+        return f"<RocksDB state '{self.name}' ({self.kind})>"

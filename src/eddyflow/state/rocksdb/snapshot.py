@@ -36,10 +36,12 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from eddyflow.durable import fsync_dir
-from eddyflow.state.abc import KeyedSnapshot, KeyedStateHandle, SnapshotTarget
+from eddyflow.checkpoint.durable import fsync_dir
+from eddyflow.checkpoint.layout import CheckpointLayout
+from eddyflow.checkpoint.storage import FileHandle
+from eddyflow.state.abc import KeyedSnapshot, SnapshotTarget
 from eddyflow.state.rocksdb.files import copy_verified, hash_file
-from eddyflow.state.storage import FileHandle, checkpoint_dir_name
+from eddyflow.state.rocksdb.handle import RocksDBStateHandle
 
 if TYPE_CHECKING:
     from eddyflow.state.rocksdb.backend import RocksDBKeyedStateBackend
@@ -102,11 +104,12 @@ class _RocksSnapshot(KeyedSnapshot):
         self.entries = entries
         self.cancelled = threading.Event()
 
-    async def write(self) -> KeyedStateHandle:
+    async def write(self) -> RocksDBStateHandle:
         backend = self.strategy.backend
         t = self.target
-        shared = f"shared/{backend.operator}-{t.subtask}-{t.run_id}-{t.checkpoint_id}-"
-        private = f"{checkpoint_dir_name(t.checkpoint_id)}/{backend.operator}-{t.subtask}/"
+        shared = CheckpointLayout.shared_prefix(t.checkpoint_id, backend.operator, t.subtask,
+                                                t.run_id) + "-"
+        private = CheckpointLayout.subtask_prefix(t.checkpoint_id, backend.operator, t.subtask)
         try:
             await backend.finish_snapshot(self.flush)
             files, new = await anyio.to_thread.run_sync(
@@ -115,8 +118,8 @@ class _RocksSnapshot(KeyedSnapshot):
             # The local checkpoint's links are not needed once uploaded (or not).
             shutil.rmtree(self.local, ignore_errors=True)
         self.strategy.record(t.checkpoint_id, files)
-        return KeyedStateHandle("rocksdb", self.kinds, self.entries, backend.key_groups,
-                                db_files=tuple(sorted(files.items())), new_files=new)
+        return RocksDBStateHandle(self.kinds, self.entries, backend.key_groups,
+                                  tuple(sorted(files.items())), new_files=new)
 
     def cancel(self) -> None:
         self.cancelled.set()

@@ -34,7 +34,7 @@ import struct
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from typing import Any, Protocol, cast
 
-from eddyflow.state.abc import Changes, Written, written_keys
+from eddyflow.state.changes import Changes, Written, written_keys
 from eddyflow.state.rocksdb.filter import KeyFilter
 from eddyflow.state.rocksdb.keys import StatePrefix, decode_key, encode_key, sort_order
 from eddyflow.state.serialization import raise_state_error

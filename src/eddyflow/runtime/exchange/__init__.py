@@ -1,0 +1,2 @@
+"""Moving records between tasks: events, bounded channels, output writers,
+buffer debloating, feedback channels and loop termination."""

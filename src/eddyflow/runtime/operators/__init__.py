@@ -1,0 +1,1 @@
+"""The operators a task chains, one module per kind (see ``base.py``)."""

@@ -1,0 +1,1 @@
+"""Time inside a task: clocks, the watermark valve and timers."""

@@ -1,0 +1,99 @@
+"""What the SIGKILL tests share: running a job file in a child process under
+`eddyflow run --restore latest`, and watching its checkpoint folder."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import eddyflow as ef
+
+SRC = Path(ef.__file__).resolve().parents[1]  # the eddyflow under test, for the child
+RUN_TIMEOUT = 300.0  # the last, uninterrupted run: generous on a loaded machine
+CHECKPOINT_WAIT = 60.0  # longest wait for a run's first checkpoint before killing anyway
+
+
+def latest_checkpoint(directory: Path) -> int:
+    """Id of the newest completed checkpoint (0 if none)."""
+    done = ef.list_checkpoints(directory) if directory.exists() else []
+    return max((c.id for c in done), default=0)
+
+
+class JobProcess:
+    """Starts the job file under the CLI with ``--restore latest``, with the
+    state backend that the variables ``backend`` (``StateBackendFactory.
+    child_env``) name; the memory backend without them."""
+
+    def __init__(self, job: Path, tmp: Path, log: Path, out: Path, chk: Path, slow: float,
+                 backend: Mapping[str, str] | None = None) -> None:
+        self.job = job
+        self.tmp = tmp
+        self.env = {k: v for k, v in os.environ.items()
+                    if not k.startswith(("EF_SIGKILL_BACKEND", "EF_SIGKILL_ROCKSDB"))}
+        self.env["PYTHONPATH"] = os.pathsep.join(
+            [str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])])
+        self.env.update(EF_SIGKILL_LOG=str(log), EF_SIGKILL_OUT=str(out),
+                        EF_SIGKILL_CHK=str(chk), EF_SIGKILL_INTERVAL="0.05",
+                        EF_SIGKILL_SLOW=str(slow))
+        self.env.update(backend or {})
+        self.env.pop("EF_SIGKILL_PARALLELISM", None)  # -p 2 decides
+        self.runs = 0
+
+    def start(self) -> tuple[subprocess.Popen[bytes], Path]:
+        self.runs += 1
+        # A file, not a pipe: nobody reads a pipe while the child runs, and a
+        # full pipe would block it.
+        stderr_path = self.tmp / f"run-{self.runs}.stderr"
+        with open(stderr_path, "wb") as stderr:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "eddyflow.cli.main", "run", str(self.job),
+                 "-p", "2", "--restore", "latest"],
+                env=self.env, stdout=subprocess.DEVNULL, stderr=stderr,
+            )
+        return proc, stderr_path
+
+
+def wait_for_checkpoint_after(proc: subprocess.Popen[bytes], chk: Path, after: int) -> bool:
+    """Poll until a checkpoint newer than ``after`` completes (True) or the
+    process ends (False); give up waiting after CHECKPOINT_WAIT seconds."""
+    deadline = time.monotonic() + CHECKPOINT_WAIT
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        if latest_checkpoint(chk) > after:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def seed(default: int) -> int:
+    return int(os.environ.get("EF_SIGKILL_SEED", default))
+
+
+def writer_helpers_of(pid: int) -> list[int]:
+    """Pids of checkpoint writer processes started by process ``pid`` (their
+    command line names the writer script and their parent's pid)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"writer_main.py") for a in argv) and str(pid).encode() in argv:
+            found.append(int(entry))
+    return found
+
+
+def wait_for_writer_helpers_to_exit(pid: int, timeout: float = 10.0) -> list[int]:
+    """Wait until no writer process of ``pid`` is left; returns those left."""
+    deadline = time.monotonic() + timeout
+    while (left := writer_helpers_of(pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
