@@ -247,7 +247,8 @@ class Task(EventTime, FailureReports, Participation):
             self._schedule_clock()
 
     def _wake(self) -> None:
-        """Processing time is due: wake the loop wherever it waits."""
+        """Wake the loop wherever it waits: processing time is due, a
+        checkpoint was triggered, or a switch to unaligned was asked for."""
         wake = self._trigger_wakeup
         if wake is not None and not wake.done():
             wake.set_result(None)

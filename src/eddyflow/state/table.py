@@ -32,10 +32,12 @@ class StateTable(Protocol):
 
     def __setitem__(self, key: Any, value: Any, /) -> None: ...
 
-    def __delitem__(self, key: Any, /) -> None: ...
-
     def pop(self, key: Any, /, *default: Any) -> Any:
-        """Remove ``key``; its value (or ``default``)."""
+        """Remove ``key``; its value (or ``default``). The one way to
+        remove a key: ``del table[key]`` is not part of the protocol, since
+        a table that caches a store must remember what was removed, and a
+        dict subclass cannot override ``__delitem__`` without slowing every
+        store (``state/rocksdb/tables.py``, ``ValueTable.pop``)."""
 
     def __contains__(self, key: object, /) -> bool: ...
 
@@ -65,6 +67,9 @@ class RowTable(StateTable, Protocol):
     """A map or list state stored as a row per map entry or list element,
     changed an entry or an element at a time (the state handles use these
     methods rather than read and write a whole dict or list)."""
+
+    def __delitem__(self, key: Any, /) -> None:
+        """Remove every entry or element of ``key`` (its rows)."""
 
     def entries(self, key: Any, *, lend: bool = True) -> Any:
         """A map state's entries of ``key``, a dict."""
