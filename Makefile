@@ -1,6 +1,7 @@
 # Two entry points for a fresh machine: `make demo` and `make test`.
 # Both create the virtual environment on first use; nothing else is needed
-# beyond Python 3.11 and Java 17 (for the Spark jobs of eddyflow.offline).
+# beyond Python 3.11, Java 17 (for the Spark jobs of eddyflow.offline) and the
+# PostgreSQL server package (the connector's tests start a private server).
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -11,11 +12,11 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,spark,docs]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,spark,docs,postgres]'
 	touch $(STAMP)
 
 $(VENV)/.bench: $(STAMP)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,spark,docs,bench]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,spark,docs,postgres,bench]'
 	touch $(VENV)/.bench
 
 demo: $(STAMP)

@@ -13,15 +13,26 @@ machine an example that writes files can take longer than 200 ms and fail
 for no fault of the code (it did, in the RocksDB cache property test).
 The suite makes no timing assertions, so the deadline is off everywhere;
 ``HYPOTHESIS_PROFILE`` may pick another registered profile.
+
+``postgres``: one private PostgreSQL server for the whole run (started from
+the PostgreSQL installed on the machine, stopped at the end, nothing left
+running); ``postgres_dsn``: a fresh database on it for one test. Without an
+installed server these tests skip with one line, unless
+``EDDYFLOW_REQUIRE_POSTGRES=1`` (set by ``.ci/run``) makes that an error.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import subprocess
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import settings
 from job_support import BACKENDS, StateBackendFactory
+
+from eddyflow.connectors.postgres.server import PostgresNotInstalled, TemporaryPostgres
 
 settings.register_profile("eddyflow", deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "eddyflow"))
@@ -38,3 +49,33 @@ def backend_name(request: pytest.FixtureRequest) -> str:
 def state_backend(backend_name: str) -> StateBackendFactory:
     """A factory of the state backend ``backend_name``."""
     return StateBackendFactory(backend_name)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[TemporaryPostgres]:
+    """A private PostgreSQL server shared by the run's tests."""
+    try:
+        server = TemporaryPostgres().start()
+    except PostgresNotInstalled as e:
+        if os.environ.get("EDDYFLOW_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"EDDYFLOW_REQUIRE_POSTGRES=1 but {e}")
+        pytest.skip(f"PostgreSQL tests skipped: {e}")
+    pid = server.pid
+    try:
+        yield server
+    finally:
+        server.stop()
+        # Nothing left running: the postmaster and its children are gone.
+        assert pid is not None
+        alive = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid), "-p", str(pid)],
+                               capture_output=True, text=True).stdout.split()
+        assert not alive, f"PostgreSQL processes left running: {alive}"
+
+
+_databases = itertools.count()
+
+
+@pytest.fixture
+def postgres_dsn(postgres: TemporaryPostgres) -> str:
+    """The DSN of a new, empty database on the shared server, for one test."""
+    return postgres.create_database(f"test_{os.getpid()}_{next(_databases)}")

@@ -1,0 +1,10 @@
+"""PostgreSQL: a change-data-capture source (logical decoding with ``pgoutput``)
+and an exactly-once sink (two-phase commit), plus a temporary server for tests
+and examples (:mod:`eddyflow.connectors.postgres.server`).
+
+Needs the ``postgres`` extra (``pip install 'eddyflow[postgres]'``: psycopg 3).
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []
