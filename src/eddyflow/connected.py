@@ -29,12 +29,11 @@ from eddyflow.functions import (
 from eddyflow.graph.logical import Node, Partitioning
 from eddyflow.runtime.operators.broadcast import BroadcastSpec
 from eddyflow.runtime.operators.co_process import CoProcessSpec, KeyedCoProcessSpec
-from eddyflow.runtime.operators.joins import IntervalJoinSpec, WindowJoinFunction
+from eddyflow.runtime.operators.joins import IntervalJoinSpec, WindowJoinAdapter
 from eddyflow.runtime.operators.keyed import KeyedSpec
 from eddyflow.runtime.operators.stateless import MapSpec
 from eddyflow.runtime.operators.two_input import LEFT, RIGHT, SideKeys, TagInput
 from eddyflow.runtime.operators.windows import WindowSpec
-from eddyflow.windowing.functions import ProcessAdapter
 from eddyflow.windowing.windows import OutputTag, WindowAssigner
 
 if TYPE_CHECKING:
@@ -231,7 +230,7 @@ class WindowedJoin:
             if not callable(fn):
                 raise TypeError(f"operator '{uid}': join function must be callable, "
                                 f"got {fn!r:.100}")
-            return WindowSpec(keys, assigner, ProcessAdapter(WindowJoinFunction(fn)))
+            return WindowSpec(keys, assigner, WindowJoinAdapter(fn))
         node = _add_two_input(left, right, "window_join", make,
                               detail=type(assigner).__name__)
         return self._joined.result(left.env, node, None, False)  # type: ignore[no-any-return]

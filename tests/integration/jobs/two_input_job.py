@@ -39,6 +39,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from sigkill_settings import setting, state_backend  # a job file imports its neighbours
+
 import eddyflow as ef
 
 DELAY = 2.0
@@ -155,8 +157,6 @@ def build_job(env: ef.StreamEnvironment, sink: ef.Sink, *, n: int = 600, keys: i
 def build(env: ef.StreamEnvironment) -> None:
     """The job file's entry point (``eddyflow run``, offline validation):
     settings from ``EF_SIGKILL_*`` (``sigkill_settings.py``) and ``EF_TWO_*``."""
-    from sigkill_settings import setting, state_backend  # a job file's neighbour
-
     env.set_state_backend(state_backend("two_input_job"))
     env.enable_checkpointing(
         interval=float(os.environ.get("EF_SIGKILL_INTERVAL", "0.05")),

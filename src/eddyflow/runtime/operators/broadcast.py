@@ -32,13 +32,13 @@ from eddyflow.functions import (
 from eddyflow.keygroups import check_key, key_group_for
 from eddyflow.runtime.operators.base import OperatorContext
 from eddyflow.runtime.operators.co_process import copy_function
-from eddyflow.runtime.operators.keyed import KeyedOperator, KeyedSpec
+from eddyflow.runtime.operators.keyed import KeyedSpec
 from eddyflow.runtime.operators.two_input import SideKeys, TwoInputKeyedOperator, side_record
 from eddyflow.state.format import DELETED
 from eddyflow.state.handles import ValueState
 from eddyflow.state.registry import kind_of
 
-__all__ = ["BroadcastSpec", "BroadcastState"]
+__all__ = ["BroadcastOperator", "BroadcastSpec", "BroadcastState"]
 
 
 class BroadcastState(MutableMapping[Any, Any]):
@@ -72,7 +72,9 @@ class BroadcastState(MutableMapping[Any, Any]):
         return f"BroadcastState({self._data!r:.200})"
 
 
-class _Broadcast(TwoInputKeyedOperator):
+class BroadcastOperator(TwoInputKeyedOperator):
+    """The operator of a broadcast function (see the module docstring)."""
+
     reads_every_key_group = True
 
     def __init__(self, ctx: OperatorContext, key_fn: SideKeys, name: str,
@@ -134,6 +136,11 @@ class _Broadcast(TwoInputKeyedOperator):
             return self.fn.on_timer(timestamp, ctx)
         return None
 
+    def load_broadcast_state(self, entries: dict[Any, Any]) -> None:
+        """Hold ``entries`` as the broadcast state (the offline replay's
+        copies of the operator; not written to keyed state)."""
+        self.data.update(entries)
+
     def restore_broadcast(self, root: str, handles: list[KeyedStateHandle]) -> None:
         """Load the whole broadcast state from the snapshots of every old
         subtask (``handles``), each of which holds the entries of its key
@@ -166,6 +173,6 @@ class BroadcastSpec(KeyedSpec):
     name: str
     fn: BroadcastProcessFunction
 
-    def instantiate(self, ctx: OperatorContext) -> KeyedOperator:
+    def instantiate(self, ctx: OperatorContext) -> BroadcastOperator:
         assert isinstance(self.key_fn, SideKeys)
-        return _Broadcast(ctx, self.key_fn, self.name, copy_function(self.fn, ctx.uid))
+        return BroadcastOperator(ctx, self.key_fn, self.name, copy_function(self.fn, ctx.uid))

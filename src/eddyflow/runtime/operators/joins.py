@@ -4,9 +4,9 @@
 
 The window join is the window operator itself over the tagged union of
 both inputs (``two_input.py``), keyed by each side's key, with a
-``ProcessWindowFunction`` that pairs the window's records of one side with
-those of the other (``WindowJoinFunction``): windows, their triggers,
-merging sessions, state and replay are the window operator's.
+window function that keeps the window's records of each side apart and
+pairs them when the window fires (``WindowJoinAdapter``): windows, their
+triggers, merging sessions, state and replay are the window operator's.
 
 The interval join keeps each key's records of both sides in two buffers
 (map state ``left`` and ``right``: timestamp -> the records at that
@@ -22,7 +22,7 @@ the side output if one was asked for.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,30 +33,41 @@ from eddyflow.runtime.operators.keyed import KeyedOperator, KeyedSpec
 from eddyflow.runtime.operators.side_outputs import SideRecord
 from eddyflow.runtime.operators.two_input import SideKeys, TwoInputKeyedOperator, after
 from eddyflow.state.handles import MapState
-from eddyflow.windowing.functions import ProcessWindowFunction
-from eddyflow.windowing.windows import TimeWindow
+from eddyflow.windowing.functions import WindowAdapter
 
-__all__ = ["IntervalJoinSpec", "WindowJoinFunction"]
+__all__ = ["IntervalJoinSpec", "WindowJoinAdapter"]
 
 
-class WindowJoinFunction(ProcessWindowFunction):
-    """The window function of a window join: ``fn(left, right)`` for every
-    pair of a window's left and right records (an inner join: a window with
-    records of one side only emits nothing), left records in arrival order,
-    and for each the right ones in arrival order."""
+class WindowJoinAdapter(WindowAdapter):
+    """The window function of a window join: the accumulator keeps each
+    side's records apart, ``(left records, right records)``, each in arrival
+    order (so the window's state does not depend on how the two inputs
+    interleaved); the window emits ``fn(left, right)`` for every pair (an
+    inner join: a window with records of one side only emits nothing), left
+    records in order, and for each the right ones in order."""
+
+    method = "join"
+    incremental = False
 
     def __init__(self, fn: Callable[[Any, Any], Any]) -> None:
         self.fn = fn
 
-    def process(self, key: Any, window: TimeWindow, elements: list[Any]) -> Iterator[Any]:
-        left = [r for side, r in elements if not side]
-        if not left:
-            return
-        right = [r for side, r in elements if side]
+    def first(self, value: Any) -> Any:
+        side, record = value
+        return ((), (record,)) if side else ((record,), ())
+
+    def add(self, accumulator: Any, value: Any) -> Any:
+        side, record = value
+        left, right = accumulator
+        return (left, (*right, record)) if side else ((*left, record), right)
+
+    def merge(self, a: Any, b: Any) -> Any:
+        return (*a[0], *b[0]), (*a[1], *b[1])
+
+    def result_for(self, key: Any, start: float, end: float, accumulator: Any) -> list[Any]:
         fn = self.fn
-        for a in left:
-            for b in right:
-                yield fn(a, b)
+        left, right = accumulator
+        return [fn(a, b) for a in left for b in right]
 
 
 class _IntervalJoin(TwoInputKeyedOperator):
