@@ -19,6 +19,7 @@ import pytest
 from job_support import Pace, StateBackendFactory, watched
 
 import eddyflow as ef
+from eddyflow.offline.checkpoint import keyed_files, open_checkpoint, read_keyed_file
 
 sys.path.insert(0, str(Path(__file__).parent / "jobs"))
 import two_input_job as job
@@ -355,3 +356,42 @@ def test_a_keyed_co_process_function_inside_a_loop_is_exactly_once(
             m = m // 2 if m % 2 == 0 else 3 * m + 1
             steps += 1
         assert want_state[n] == steps - 1  # the first step comes from input 1
+
+
+class Expiring(ef.KeyedCoProcessFunction):
+    """Writes state with a time-to-live; the last record of input 1 moves
+    processing time past the earlier writes' expiry first."""
+
+    def __init__(self, clock: Any) -> None:
+        self.clock = clock
+
+    def open(self, ctx: ef.RuntimeContext) -> None:
+        self.seen = ctx.value_state("seen", ttl=ef.StateTtl(5.0))
+
+    def process1(self, value: Any, ctx: ef.RuntimeContext) -> Any:
+        if value == "last":
+            self.clock.set(100.0)
+        self.seen.value = value
+        return None
+
+    def process2(self, value: Any, ctx: ef.RuntimeContext) -> Any:
+        yield (value, self.seen.value)
+
+
+def test_keyed_co_process_state_expires_with_its_time_to_live(
+        tmp_path: Path, state_backend: StateBackendFactory) -> None:
+    clock = ef.testing.ManualClock(0.0)
+    env = ef.StreamEnvironment(parallelism=1)
+    env.set_clock(clock)
+    state_backend.use(env, tmp_path / "db")
+    env.enable_checkpointing(60.0, tmp_path / "chk")  # the final checkpoint only
+    a = env.from_collection(["a", "b", "c", "last"]).name("a")
+    b = env.from_collection([]).name("b")
+    (a.key_by(lambda r: r).connect(b.key_by(lambda r: r)).process(Expiring(clock)).name("co")
+        .sink_to(ef.ListSink()))
+    result = run(env)
+    assert set(result.state("co")) == {"last"}
+    final = ef.list_checkpoints(tmp_path / "chk")[-1]
+    stored = {key for kf in keyed_files(open_checkpoint(final.path), "co")
+              for _, name, key, _ in read_keyed_file(kf) if name == "seen"}
+    assert stored == {"last"}  # expired entries are dropped from snapshots

@@ -8,6 +8,9 @@ input was altered before its position fails naming the keys it changes."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from importlib import util
 from pathlib import Path
 from typing import Any
@@ -91,3 +94,37 @@ def test_two_input_job_input_altered_before_the_position_fails_naming_the_keys(
     # The broadcast function's timer (or its state, if the timer fired).
     assert any(op == "bc" and key == "zz" for op, _, key in found)
     assert {key for _, _, key in found} <= {"zz", old_key}
+
+
+@pytest.mark.cluster
+def test_cli_validates_a_two_input_job_on_the_cluster_and_names_the_altered_keys(
+        standalone: Any, in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the standalone cluster (executors with a bare Python): the final
+    checkpoint is consistent; after one order of the input moved to another
+    customer, the mismatches name that customer and the new one."""
+    _run(in_tmp, monkeypatch)
+    src = str(Path(ef.__file__).resolve().parents[1])
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
+    env = standalone.driver_env({**env, "PYTHONPATH": src})
+
+    def cli() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", "from eddyflow.cli.main import main; main()", "validate",
+             str(in_tmp / "chk"), "--job", str(JOB), "--master", standalone.master_url,
+             "--show", "50"],
+            env=env, capture_output=True, text=True, timeout=600, check=False)
+
+    done = cli()
+    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
+    assert "consistent" in done.stdout + done.stderr
+    path = in_tmp / "in.orders"
+    lines = path.read_text().splitlines()
+    record = json.loads(lines[40])
+    old_key = record["k"]
+    record["k"] = "zz"
+    lines[40] = json.dumps(record)
+    path.write_text("\n".join(lines) + "\n")
+    done = cli()
+    assert done.returncode == 1, done.stdout + done.stderr[-4000:]
+    assert "zz" in done.stdout and old_key in done.stdout
