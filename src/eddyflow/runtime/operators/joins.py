@@ -102,8 +102,12 @@ class _IntervalJoin(TwoInputKeyedOperator):
         fn = self.fn
         out: list[Any] = []
         stamps: list[float] = []
-        for ts, records in sorted(theirs.items()):
+        # Timestamps first, values only of those in range: reading a value
+        # costs more than its key (a copy, or a database read).
+        held_at = theirs.keys()
+        for ts in sorted(held_at):
             if lo <= ts <= hi:
+                records = theirs.get(ts) or ()
                 out.extend([fn(o, record) if side else fn(record, o) for o in records])
                 # A pair carries the later of its two timestamps (Flink's
                 # rule): the same whichever record came first.
@@ -121,8 +125,10 @@ class _IntervalJoin(TwoInputKeyedOperator):
         # ``timestamp``: left records with t + upper < timestamp, right ones
         # with t - lower < timestamp.
         for buffer, reach in ((self.buffers[0], self.upper), (self.buffers[1], -self.lower)):
-            for ts in [ts for ts, _ in buffer.items() if ts + reach < timestamp]:
-                buffer.remove(ts)
+            held_at = buffer.keys()
+            for ts in held_at:
+                if ts + reach < timestamp:
+                    buffer.remove(ts)
         return None
 
 
