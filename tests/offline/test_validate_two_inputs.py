@@ -126,5 +126,7 @@ def test_cli_validates_a_two_input_job_on_the_cluster_and_names_the_altered_keys
     lines[40] = json.dumps(record)
     path.write_text("\n".join(lines) + "\n")
     done = cli()
-    assert done.returncode == 1, done.stdout + done.stderr[-4000:]
-    assert "zz" in done.stdout and old_key in done.stdout
+    printed = done.stdout + done.stderr  # the report's table (on the console's stream)
+    assert done.returncode == 1, printed[-4000:]
+    assert "NOT consistent" in printed
+    assert "│ zz " in printed and f"│ {old_key} " in printed
