@@ -211,7 +211,9 @@ class BroadcastProcessFunction(ABC):
 class KeyedBroadcastProcessFunction(BroadcastProcessFunction):
     """:class:`BroadcastProcessFunction` over a keyed stream: in
     ``process_element`` and ``on_timer`` the keyed state and timers of the
-    record's key, and the broadcast state read-only."""
+    record's key, and the broadcast state read-only. A broadcast record has
+    no key: ``process_broadcast_element`` must not use keyed state or
+    timers (as in Flink)."""
 
     def on_timer(self, timestamp: float, ctx: RuntimeContext) -> Iterable[Any] | None:
         """A timer of ``ctx.current_key`` fires; the broadcast state is readable."""
