@@ -1,8 +1,12 @@
 """Property test of checkpointing under injected failures (DESIGN.md §2, §4, §9).
 
 Hypothesis draws a random DAG — 1 to 6 operators among map, key-changing
-map, filter, flat_map, rebalance, a union of two branches, and the keyed
-count / sum / reduce / map_with_state, each at parallelism 1-4 — over a
+map, filter, flat_map, rebalance, a union of two branches, the keyed
+count / sum / reduce / map_with_state, and the two-input operators (a
+``KeyedCoProcessFunction`` over two branches of disjoint keys with keyed
+state shared by both inputs, and a ``KeyedBroadcastProcessFunction`` that
+counts one branch's records, broadcast, in broadcast state), each at
+parallelism 1-4 — over a
 ``from_collection`` source of a few thousand deterministic records, with a
 small batch size so that many barriers interleave with the records. It also
 draws the records' shape: ``(key, value)`` tuples, ``{"k": key, "v": value}``
@@ -86,8 +90,9 @@ SHAPES = ("dict", "list", "tuple")
 # (``canon``) for the comparison.
 
 KINDS = ("map", "rekey", "filter", "flat_map", "rebalance", "union",
-         "count", "sum", "reduce", "mws")
+         "count", "sum", "reduce", "mws", "co", "bcast")
 KEYED = frozenset({"count", "sum", "reduce", "mws"})
+TWO_INPUT = frozenset({"co", "bcast"})
 FAULT_POINTS = ("task.aligning", "snapshot.async_write",
                 "checkpoint.before_metadata", "sink.before_commit")
 
@@ -187,6 +192,39 @@ def f_branch_b_odd(r: Record) -> list[Record]:
 
 def identity(r: Any) -> Any:
     return r
+
+
+def f_copy(r: Record) -> Record:
+    """A new record of the same key and value (for a second branch)."""
+    return like(r, key_of(r), value_of(r))
+
+
+class CountBoth(ef.KeyedCoProcessFunction):
+    """Both inputs count into one keyed state; records pass unchanged."""
+
+    def open(self, ctx: ef.RuntimeContext) -> None:
+        self.n = ctx.value_state("n", default=0)
+
+    def process1(self, value: Record, ctx: ef.RuntimeContext) -> Any:
+        self.n.value += 1
+        yield value
+
+    def process2(self, value: Record, ctx: ef.RuntimeContext) -> Any:
+        self.n.value += 1
+        yield value
+
+
+class CountBroadcast(ef.KeyedBroadcastProcessFunction):
+    """The broadcast records counted (per key of theirs) in broadcast state;
+    the elements pass unchanged."""
+
+    def process_element(self, value: Record, ctx: ef.RuntimeContext) -> Any:
+        yield value
+
+    def process_broadcast_element(self, value: Record, ctx: ef.RuntimeContext) -> Any:
+        state = ctx.broadcast_state
+        state[key_of(value)] = state.get(key_of(value), 0) + 1
+        return None
 
 
 def weight_of_key(r: Record) -> int:
@@ -470,7 +508,7 @@ def build(env: ef.StreamEnvironment, case: Case, sink: ef.Sink, *,
     may_be_sensitive = case.mode != "at_least_once"
     for i, op in enumerate(ops):
         k = op.kind
-        p = parallelism(op.parallelism, keyed=k in KEYED)
+        p = parallelism(op.parallelism, keyed=k in KEYED or k in TWO_INPUT)
         if k == "rebalance" and case.keep_order:
             p = 1
         if k == "fail":
@@ -509,6 +547,27 @@ def build(env: ef.StreamEnvironment, case: Case, sink: ef.Sink, *,
                 b = ds.flat_map(f_branch_b_odd).set_parallelism(pb)
             ins = [_through(ins, pa), _through(ins, pb)]
             ds = a.union(b)
+        elif k in TWO_INPUT:
+            # Two branches of disjoint keys (as a union's), into one operator;
+            # a broadcast operator gets every record on both inputs (so
+            # that neither is empty after another broadcast operator).
+            pa, pb = p, parallelism(op.parallelism_b)
+            if k == "co":
+                a = ds.flat_map(f_branch_a_even).set_parallelism(pa)
+                b = ds.flat_map(f_branch_b_odd).set_parallelism(pb)
+            else:
+                a = ds.map(f_branch_a).set_parallelism(pa)
+                b = ds.map(f_copy).set_parallelism(pb)
+            uid = f"{k}{i}"
+            if k == "co":
+                ds = (a.key_by(key_of).connect(b.key_by(key_of)).process(CountBoth())
+                      .name(uid).set_parallelism(p))
+                ins = [_through_keyed([_through(ins, pa), _through(ins, pb)], p)]
+            else:
+                ds = (a.key_by(key_of).connect(b.broadcast("counts")).process(CountBroadcast())
+                      .name(uid).set_parallelism(p))
+                ins = [_through_keyed([_through(ins, pa)], p)]
+            out.keyed_uids.append(uid)
         else:
             assert k in KEYED
             kin = _through_keyed(ins, p)

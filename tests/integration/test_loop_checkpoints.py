@@ -9,9 +9,11 @@ If it were lost, the records circulating at the checkpoint would vanish; if
 it held too much, they would be counted twice.
 
 (a) A property test. Hypothesis draws random cyclic jobs: a loop of 1-4
-body operators among map, filter, a flat_map that sometimes doubles records
-and a keyed stateful operator (order-insensitive: it counts records per
-key), plus a mandatory step that decrements each record's remaining-rounds
+body operators among map, filter, a flat_map that sometimes doubles records,
+a keyed stateful operator (order-insensitive: it counts records per key)
+and a two-input one (a ``KeyedCoProcessFunction`` reading the body's even
+keys on one input and its odd keys on the other, counting records per key
+in state both inputs share), plus a mandatory step that decrements each record's remaining-rounds
 counter, so every loop converges; optionally an inner loop nested in the
 body; parallelism 1-3 per operator; feedback forward, keyed or rebalanced;
 an optional keyed count or sum after the loop; a source of one split, two
@@ -171,6 +173,30 @@ def key_of(r: Record) -> int:
 
 def copy_record(r: Record) -> Record:
     return like(r, *fields(r))
+
+
+def even_key(r: Record) -> bool:
+    return key_of(r) % 2 == 0
+
+
+def odd_key(r: Record) -> bool:
+    return key_of(r) % 2 == 1
+
+
+class CountBoth(ef.KeyedCoProcessFunction):
+    """A two-input operator in the loop: both inputs count records per key
+    into one state; records pass unchanged (order-insensitive)."""
+
+    def open(self, ctx: ef.RuntimeContext) -> None:
+        self.n = ctx.value_state("n", default=0)
+
+    def process1(self, value: Record, ctx: ef.RuntimeContext) -> Any:
+        self.n.value += 1
+        yield value
+
+    def process2(self, value: Record, ctx: ef.RuntimeContext) -> Any:
+        self.n.value += 1
+        yield value
 
 
 def f_map(r: Record) -> Record:
@@ -395,7 +421,7 @@ def logged_in(meta: dict[str, Any]) -> int:
 
 @dataclass(frozen=True)
 class BodyOp:
-    kind: str  # map | filter | flat_map | keyed | inner
+    kind: str  # map | filter | flat_map | keyed | inner | co
     parallelism: int  # 0: that of the operator before
 
 
@@ -440,7 +466,7 @@ ROCKSDB_CACHES = (2, 8, 100_000)
 @st.composite
 def cases(draw: st.DrawFn, modes: tuple[str, ...], rocksdb: bool = False) -> Case:
     n_body = draw(st.integers(0, 3))
-    kinds = draw(st.lists(st.sampled_from(["map", "filter", "flat_map", "keyed", "inner"]),
+    kinds = draw(st.lists(st.sampled_from(["map", "filter", "flat_map", "keyed", "inner", "co"]),
                           min_size=n_body, max_size=n_body))
     # At most one doubling flat_map and one nested loop keep the work bounded.
     seen: set[str] = set()
@@ -578,6 +604,13 @@ def build(env: ef.StreamEnvironment, case: Case, sink: ef.Sink, *,
         elif kind == "keyed":
             uid = f"state{i}"
             ds = ds.key_by(key_of).map_with_state(count_records).name(uid).set_parallelism(par(p))
+            out.keyed_uids.append(uid)
+        elif kind == "co":
+            uid = f"co{i}"
+            cp = par(p)
+            evens = ds.filter(even_key).set_parallelism(cp).key_by(key_of)
+            odds = ds.filter(odd_key).set_parallelism(cp).key_by(key_of)
+            ds = evens.connect(odds).process(CountBoth()).name(uid).set_parallelism(cp)
             out.keyed_uids.append(uid)
         else:
             assert kind == "inner"

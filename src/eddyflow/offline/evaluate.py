@@ -38,8 +38,11 @@ from eddyflow.graph.dfs import EdgeKind
 from eddyflow.graph.logical import Edge
 from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.keygroups import key_group_for
+from eddyflow.offline.broadcast_replay import ElementsOnly, element_key, replay_broadcast, side_of
 from eddyflow.offline.localrdd import LocalContext, to_local, to_spark
 from eddyflow.runtime.operators.base import OperatorContext
+from eddyflow.runtime.operators.broadcast import BroadcastSpec
+from eddyflow.runtime.operators.co_process import CoProcessSpec
 from eddyflow.runtime.operators.io import SinkSpec
 from eddyflow.runtime.operators.keyed import KeyedCountSpec, KeyedSpec
 from eddyflow.runtime.operators.side_outputs import MainOutputSpec, SideOutputSpec, SideRecord
@@ -59,7 +62,7 @@ LOCAL_LIMIT = 200_000
 MAX_ROUNDS = 10_000
 
 STATELESS_SPECS = (MapSpec, FilterSpec, FlatMapSpec, IterationHeadSpec, AssignTimestampsSpec,
-                   MainOutputSpec, SideOutputSpec)
+                   MainOutputSpec, SideOutputSpec, CoProcessSpec)
 
 #: A keyed operator's event time at the checkpoint: ``(key groups of an old
 #: subtask, its watermark)`` for each old subtask that recorded one.
@@ -132,8 +135,26 @@ def _stateless(spec: Any) -> Callable[[Iterable[Any]], Iterator[Any]]:
                 elif tag is not None and side and r.tag == tag:
                     yield (item[0], r.value, *item[2:])
         return run_select
+    if isinstance(spec, CoProcessSpec):
+        return _co_process(spec)
     assert isinstance(spec, IterationHeadSpec)
     return iter
+
+
+def _co_process(spec: CoProcessSpec) -> Callable[[Iterable[Any]], Iterator[Any]]:
+    """A co-process function without keys (no state): record by record."""
+    def run_co(items: Iterable[Any]) -> Iterator[Any]:
+        op = spec.instantiate(OperatorContext("co-process", 0, 1, 1, MemoryStateBackend()))
+        op.open()
+        try:
+            for item in items:
+                stamped = len(item) > 2
+                outs, stamps = op.process_ts([item[1]], [item[2]] if stamped else None)
+                for i, out in enumerate(outs):
+                    yield ((*item[0], i), out, stamps[i]) if stamps else ((*item[0], i), out)
+        finally:
+            op.close()
+    return run_co
 
 
 def _key_records(key_fn: Callable[[Any], Any], max_parallelism: int
@@ -342,6 +363,31 @@ class _Evaluator:
         if isinstance(spec, WindowSpec) and not spec.assigner.is_event_time:
             self.blocked(node_id, "processing-time windows depend on the wall clock")
             return None, None
+        if isinstance(spec, BroadcastSpec):
+            return self.broadcast(node_id, spec, inputs, state)
+        return self.keyed(node_id, spec, inputs, state)
+
+    def broadcast(self, node_id: int, spec: BroadcastSpec, inputs: RDD | None,
+                  state: RDD | None) -> tuple[RDD | None, RDD | None]:
+        """A broadcast function: its broadcast side on the driver, then its
+        elements like any keyed operator's (``broadcast_replay.py``)."""
+        node, name = self.graph.nodes[node_id], spec.name
+        records = [] if inputs is None else inputs.filter(lambda it: side_of(it) == 1).collect()
+        given = [] if state is None else state.filter(lambda kv: kv[1][0] == name).collect()
+        final, rows, fired = replay_broadcast(spec, node.uid, self.mp,
+                                              self.plan.parallelism[node_id], records, given)
+        others = None if state is None else state.filter(lambda kv: kv[1][0] != name)
+        elements = None if inputs is None else inputs.filter(lambda it: side_of(it) == 0)
+        outputs, states = self.keyed(node_id, ElementsOnly(element_key(spec), spec, final),
+                                     elements, others)
+        fired_rdd = self.sc.parallelize([_output(("o", *f)) for f in fired]) if fired else None
+        return (self.union([outputs, fired_rdd]),
+                self.union([states, self.sc.parallelize(rows, 1)]))
+
+    def keyed(self, node_id: int, spec: KeyedSpec, inputs: RDD | None, state: RDD | None
+              ) -> tuple[RDD | None, RDD | None]:
+        """A keyed operator: each key's records in tag order, from its state."""
+        node = self.graph.nodes[node_id]
         restored = None
         if state is not None:
             restored = state.map(lambda kv: (kv[0], ("s", *kv[1])))
