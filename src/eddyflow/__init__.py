@@ -5,6 +5,7 @@ The public API (docs/reference/) is re-exported here: ``import eddyflow as ef``.
 
 from eddyflow import testing
 from eddyflow.checkpoint.listing import CheckpointInfo, list_checkpoints
+from eddyflow.connected import BroadcastStream
 from eddyflow.connectors import (
     FileSink,
     ListSink,
@@ -25,7 +26,14 @@ from eddyflow.errors import (
     JobFailed,
     RestoreRefused,
 )
-from eddyflow.functions import KeyedProcessFunction, RuntimeContext
+from eddyflow.functions import (
+    BroadcastProcessFunction,
+    CoProcessFunction,
+    KeyedBroadcastProcessFunction,
+    KeyedCoProcessFunction,
+    KeyedProcessFunction,
+    RuntimeContext,
+)
 from eddyflow.keygroups import UnsupportedKeyError
 from eddyflow.restart import FixedDelayRestart, NoRestart, RestartStrategy
 from eddyflow.result import JobResult
@@ -57,9 +65,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AggregateFunction",
+    "BroadcastProcessFunction",
+    "BroadcastStream",
     "CheckpointFolderInUse",
     "CheckpointInfo",
     "CheckpointMetrics",
+    "CoProcessFunction",
     "DataStream",
     "EddyflowError",
     "EventTimeSessionWindows",
@@ -70,6 +81,8 @@ __all__ = [
     "JobFailed",
     "JobMetrics",
     "JobResult",
+    "KeyedBroadcastProcessFunction",
+    "KeyedCoProcessFunction",
     "KeyedProcessFunction",
     "KeyedStream",
     "ListSink",

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
+from eddyflow.connected import BroadcastStream, ConnectedStreams, IntervalJoin, JoinedStreams, Side
 from eddyflow.connectors.sink import PrintSink, Sink
 from eddyflow.functions import KeyedProcessFunction
 from eddyflow.graph.logical import Node, Partitioning
@@ -163,10 +164,57 @@ class DataStream:
         return DataStream(self._env, tuple((s, Partitioning.REBALANCE, None)
                                            for s, _, _ in self._inputs))
 
-    def broadcast(self) -> DataStream:
-        """Every record to every subtask of the next operator."""
-        return DataStream(self._env, tuple((s, Partitioning.BROADCAST, None)
-                                           for s, _, _ in self._inputs))
+    @overload
+    def broadcast(self) -> DataStream: ...
+
+    @overload
+    def broadcast(self, name: str) -> BroadcastStream: ...
+
+    def broadcast(self, name: str | None = None) -> DataStream | BroadcastStream:
+        """Every record to every subtask of the next operator; with ``name``,
+        a ``BroadcastStream`` carrying the broadcast state ``name`` (connect
+        a stream to it: ``events.connect(rules.broadcast("rules"))``)."""
+        inputs = tuple((s, Partitioning.BROADCAST, None) for s, _, _ in self._inputs)
+        if name is None:
+            return DataStream(self._env, inputs)
+        if not isinstance(name, str) or not name or name.startswith("_"):
+            raise ValueError(f"broadcast after '{self._describe()}': the broadcast state's "
+                             f"name must be a non-empty str not starting with '_', got {name!r}")
+        return BroadcastStream(Side(self._env, inputs, None, name, self._describe()))
+
+    # -- two inputs (connected.py) -------------------------------------------
+
+    def _side(self) -> Side:
+        return Side(self._env, self._inputs, None, None, self._describe())
+
+    def _other_side(self, other: Any, what: str) -> Side:
+        if isinstance(other, BroadcastStream):
+            return other.side
+        if not isinstance(other, DataStream):
+            raise TypeError(f"{what} after '{self._describe()}' takes a DataStream, "
+                            f"got {other!r:.100}")
+        stream: DataStream = other
+        if stream._env is not self._env:
+            raise ValueError(f"{what}: streams of different environments")
+        return stream._side()
+
+    def connect(self, other: DataStream | BroadcastStream) -> ConnectedStreams:
+        """This stream and ``other`` into one two-input function
+        (``.process(fn)``): a ``CoProcessFunction``; a
+        ``KeyedCoProcessFunction`` if both are keyed; a
+        (``Keyed``)``BroadcastProcessFunction`` if ``other`` is a
+        ``BroadcastStream``."""
+        return ConnectedStreams(self._side(), self._other_side(other, "connect"),
+                                WindowedDataStream)
+
+    def join(self, other: DataStream) -> JoinedStreams:
+        """A window join with ``other``: ``.where(key).equal_to(key)
+        .window(assigner).apply(fn)``, ``fn(left, right)`` per pair of
+        records with equal keys in the same window."""
+        side = self._other_side(other, "join")
+        if side.broadcast is not None:
+            raise TypeError(f"join after '{self._describe()}': cannot join a BroadcastStream")
+        return JoinedStreams(self._side(), side, WindowedDataStream)
 
     def forward(self) -> DataStream:
         """Subtask i feeds subtask i (parallelisms must match)."""
@@ -346,6 +394,15 @@ class KeyedStream(DataStream):
             return KeyedProcessSpec(self.key_fn, fn)
         return self._then("process", make)
 
+    def _side(self) -> Side:
+        return Side(self._env, self._inputs, self.key_fn, None, self._describe())
+
+    def interval_join(self, other: KeyedStream) -> IntervalJoin:
+        """An event-time interval join with the keyed stream ``other``:
+        ``.between(lower, upper).apply(fn)``."""
+        return IntervalJoin(self._side(), self._other_side(other, "interval_join"),
+                            WindowedDataStream)
+
     def window(self, assigner: WindowAssigner) -> WindowedStream:
         """Group each key's records into windows (``ef.TumblingEventTimeWindows``,
         ``SlidingEventTimeWindows``, ``EventTimeSessionWindows``,
@@ -419,15 +476,19 @@ class WindowedStream:
 
 
 class WindowedDataStream(DataStream):
-    """The results of a window operator: ``name``/``set_parallelism`` apply
-    to the window operator; ``get_side_output(tag)`` reads its late records."""
+    """The results of a window operator (or a two-input one):
+    ``name``/``set_parallelism`` apply to the operator; ``get_side_output(tag)``
+    reads its late records (or what its function wrote to ``tag``)."""
 
-    def __init__(self, env: StreamEnvironment, node: Node, tag: OutputTag | None) -> None:
+    def __init__(self, env: StreamEnvironment, node: Node, tag: OutputTag | None,
+                 any_tag: bool = False) -> None:
         self._window_node = node
         self._tag = tag
+        #: A function's ``ctx.output`` may write any side output (two inputs).
+        self._any_tag = any_tag
         self._selects: list[Node] = []
         inputs: tuple[_Input, ...] = ((node.id, Partitioning.DEFAULT, None),)
-        if tag is not None:
+        if tag is not None or any_tag:
             # The operator's outputs mix results and wrapped late records:
             # what reads this stream reads only the results.
             main = self._select("main_output", MainOutputSpec(), env)
@@ -454,7 +515,7 @@ class WindowedDataStream(DataStream):
         """The records the window operator sent to ``tag`` (late data)."""
         if not isinstance(tag, OutputTag):
             raise TypeError(f"get_side_output needs an ef.OutputTag, got {tag!r:.100}")
-        if tag != self._tag:
+        if tag != self._tag and not self._any_tag:
             declared = "none" if self._tag is None else repr(self._tag.name)
             raise ValueError(
                 f"operator '{self._window_node.uid}' has no side output {tag.name!r} "

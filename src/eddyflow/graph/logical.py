@@ -51,6 +51,10 @@ class Node:
     keyed: bool = False
     max_source_parallelism: int | None = None  # e.g. 1 for a non-parallel source
     named: bool = False  # uid chosen by the user through .name()
+    #: Runs at the parallelism of that node (a two-input operator's ``tag``
+    #: operators follow their producers, so that they chain to them), unless
+    #: its own is set.
+    parallelism_of: int | None = None
     #: What a generated uid is derived from (``LogicalGraph.generated_uid``);
     #: kept, whatever the uid is now, to number later operators that share it.
     signature: str = ""

@@ -136,7 +136,11 @@ def build_plan(
     if not any(n.is_sink for n in graph.nodes):
         raise ValueError("the job has no sink: add sink_to(...) or print()")
 
-    par = {n.id: _resolve_parallelism(n, default_parallelism, max_parallelism) for n in graph.nodes}
+    par: dict[int, int] = {}
+    for n in graph.nodes:  # a node follows only earlier ones (``parallelism_of``)
+        follows = n.parallelism_of
+        par[n.id] = (par[follows] if follows is not None and n.parallelism is None
+                     else _resolve_parallelism(n, default_parallelism, max_parallelism))
     for n in graph.nodes:
         if not n.is_source and not graph.inputs(n.id):
             raise ValueError(f"operator '{n.uid}' has no input")

@@ -391,6 +391,9 @@ class Snapshotting:
                 groups = key_group_range(c.subtask, c.max_parallelism, c.parallelism)
                 op.restore_keyed(restored.storage.root, restored.keyed_kinds(op.uid),
                                  restored.keyed_handles(op.uid, groups))
+                if op.reads_every_key_group:
+                    op.restore_broadcast(restored.storage.root,
+                                         restored.keyed_handles(op.uid, range(c.max_parallelism)))
         if self.reader is not None:
             assert self.source_uid is not None
             pos = restored.source_position(self.source_uid, self.subtask, self.parallelism)

@@ -91,6 +91,10 @@ class Operator:
     #: Has processing-time work (timers): the task asks it
     #: ``next_processing_time`` and calls ``on_processing_time``.
     uses_clock = False
+    #: Keeps state every subtask holds whole (broadcast state): a restore
+    #: also hands it the keyed snapshots of every old subtask
+    #: (``restore_broadcast``), whatever its key groups.
+    reads_every_key_group = False
 
     def __init__(self, ctx: OperatorContext) -> None:
         self.ctx = ctx
@@ -180,6 +184,10 @@ class Operator:
                       handles: list[KeyedStateHandle]) -> None:
         """Load this subtask's key groups of the checkpointed keyed state."""
         raise TypeError(f"operator '{self.uid}' has no keyed state to restore")
+
+    def restore_broadcast(self, root: str, handles: list[KeyedStateHandle]) -> None:
+        """Load the state every subtask holds whole from the keyed snapshots
+        of all old subtasks (``reads_every_key_group`` operators)."""
 
 
 class OperatorSpec(Protocol):
