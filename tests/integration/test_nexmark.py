@@ -123,7 +123,7 @@ def read_committed(folder: Path) -> Counter[tuple[Any, ...]]:
                    for line in part.read_text().splitlines())
 
 
-@pytest.mark.parametrize("name", ["q5", "q7"])
+@pytest.mark.parametrize("name", ["q3", "q4", "q5", "q6", "q8"])
 def test_query_equals_reference_across_sigkills(name: str, tmp_path: Path) -> None:
     """The job in a child process (``eddyflow run -p 2 --restore latest``),
     killed with SIGKILL twice after it completed a checkpoint of its own,
