@@ -156,3 +156,19 @@ def test_query_equals_reference_across_sigkills(name: str, tmp_path: Path) -> No
     assert effective >= 1, "no kill came after a checkpoint of its run: nothing was restored"
     got = read_committed(out)
     assert got == EXPECTED[name], differences(name, got)
+
+
+def test_benchmark_exits_non_zero_when_a_query_differs(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    import nexmark  # benchmarks/nexmark.py
+
+    args = ["--events", "3000", "--rate", "100", "--disorder-group", "50", "--queries", "q2,q8"]
+    assert nexmark.main(args) == 0
+    assert "every query's output equals its plain-Python reference" in capsys.readouterr().out
+    # A reference that wants one more row than the query gives: the run says so and fails.
+    right = reference.REFERENCES["q2"]
+    monkeypatch.setitem(reference.REFERENCES, "q2",
+                        lambda events: right(events) + Counter({(0, 0): 1}))
+    assert nexmark.main(args) == 1
+    out = capsys.readouterr().out
+    assert "RESULTS MISMATCH" in out and "q2: 1 rows missing" in out
