@@ -118,6 +118,32 @@ def test_query_equals_reference_with_failures(name: str, tmp_path: Path,
     assert got == EXPECTED[name], differences(name, got)
 
 
+@pytest.mark.parametrize("name", ["q3", "q4", "q5", "q6", "q7", "q8"])
+def test_query_equals_reference_restored_at_another_parallelism(name: str,
+                                                                tmp_path: Path) -> None:
+    """A run at parallelism 2 fails (no restarts) after checkpoints; the job
+    restored from its latest checkpoint at parallelism 3 commits the rest:
+    together, the reference's rows (keyed, timer and join state moved to
+    other subtasks by key group)."""
+    out, chk = tmp_path / "out", tmp_path / "chk"
+    env = ef.StreamEnvironment(parallelism=2, batch_size=64)
+    env.enable_checkpointing(0.01, chk)
+    events = (queries.source(env, EVENTS, CONFIG).map(Pace(50)).name("pace")
+              .map(ef.testing.FailingMap(after=len(EVENTS) // 2)).name("failing"))
+    queries.QUERIES[name](events).sink_to(ef.FileSink(str(out))).name("sink")
+    with pytest.raises(ef.JobFailed):
+        watched(env.execute_async(f"nexmark-{name}"), 120)
+    assert latest_checkpoint(chk) > 0, "no checkpoint before the failure: nothing to restore"
+    env = ef.StreamEnvironment(parallelism=3, batch_size=64)
+    env.enable_checkpointing(0.01, chk)
+    events = (queries.source(env, EVENTS, CONFIG).map(Pace(50)).name("pace")
+              .map(ef.testing.FailingMap(after=len(EVENTS) * 2)).name("failing"))
+    queries.QUERIES[name](events).sink_to(ef.FileSink(str(out))).name("sink")
+    watched(env.execute_async(f"nexmark-{name}", restore="latest"), 120)
+    got = read_committed(out)
+    assert got == EXPECTED[name], differences(name, got)
+
+
 def read_committed(folder: Path) -> Counter[tuple[Any, ...]]:
     return Counter(tuple(json.loads(line)) for part in sorted(folder.glob("part-*"))
                    for line in part.read_text().splitlines())
