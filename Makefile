@@ -53,6 +53,7 @@ bench-all: $(VENV)/.bench
 	$(PY) benchmarks/validate.py
 	$(PY) benchmarks/offline.py
 	$(PY) benchmarks/windows.py
+	$(PY) benchmarks/nexmark.py --repeat 3
 
 clean:
 	rm -rf $(VENV) build site src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
