@@ -95,7 +95,8 @@ class CallsInFlight:
                 await self._take_calls()
                 continue
             await self._flush()
-            await self.gate.wait_wake()
+            if not calls.ready:  # it may have come while the flush waited
+                await self.gate.wait_wake()
         await self._take_calls()  # a watermark held behind the last results
 
     def _count_calls_in_loop(self) -> None:

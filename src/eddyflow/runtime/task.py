@@ -423,6 +423,8 @@ class Task(EventTime, FailureReports, Participation, CallsInFlight):
             if got is None:
                 await self._generator_watermark(True)
                 await self._flush()
+                if calls is not None and calls.ready:
+                    continue  # completed while the flush waited: its wake-up is spent
                 if full:
                     await gate.wait_wake()
                     continue
