@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,41 @@ def test_no_result_passes_a_watermark_that_followed_its_record(ordered: bool) ->
     assert late_sink.results == []
     assert sorted((w.start, w.value) for w in sink.results) == [
         (float(s), int(size)) for s in range(0, n, int(size))]
+
+
+def test_a_task_holding_records_in_flight_is_not_idle() -> None:
+    """A quiet input goes idle while its records' calls are in flight; a
+    busy one moves the watermark on meanwhile. Had the ``map_async`` task
+    said it was idle, the window downstream would have let the watermark
+    pass those records and dropped their results as late."""
+    quiet_n = 10
+
+    async def quiet() -> AsyncIterator[float]:
+        for i in range(quiet_n):
+            yield float(i)
+        await asyncio.sleep(3.0)  # idle, with its calls still running
+
+    async def slow(x: float) -> float:
+        await asyncio.sleep(1.5)  # beyond the busy input's watermark passing 1000
+        return x
+
+    env = ef.StreamEnvironment(parallelism=1)
+    ws = ef.WatermarkStrategy.bounded_out_of_orderness(0.0, timestamp=float).with_idleness(0.05)
+    late = ef.OutputTag("late")
+    sink, late_sink = ef.ListSink(), ef.ListSink()
+    held = (env.from_async_iterable(quiet()).assign_timestamps_and_watermarks(ws)
+            .map_async(slow, capacity=100))  # not at capacity: it reads the idleness
+    busy = (env.from_collection([float(x) for x in range(3000)]).map(Pace(10, 0.004))
+            .assign_timestamps_and_watermarks(ws))
+    counts = (held.union(busy).key_by(lambda r: 0)
+              .window(ef.TumblingEventTimeWindows(size=1000.0))
+              .side_output_late_data(late).count())
+    counts.sink_to(sink)
+    counts.get_side_output(late).sink_to(late_sink)
+    watched(env.execute_async("idle-with-calls"), TIMEOUT)
+    assert late_sink.results == []
+    assert sorted((w.start, w.value) for w in sink.results) == [
+        (0.0, 1000 + quiet_n), (1000.0, 1000), (2000.0, 1000)]
 
 
 # -- failures of the calls ------------------------------------------------------------

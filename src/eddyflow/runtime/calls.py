@@ -21,6 +21,7 @@ from eddyflow.runtime.exchange.loops import LoopTracker
 from eddyflow.runtime.failures import TaskFailure
 from eddyflow.runtime.operators.async_calls import AsyncCallFailed, AsyncCallOperator
 from eddyflow.runtime.operators.base import Operator
+from eddyflow.runtime.time.valve import WatermarkValve
 
 __all__ = ["CallsInFlight"]
 
@@ -31,6 +32,8 @@ class CallsInFlight:
     operators: list[Operator]
     gate: InputGate | None
     input_loops: list[LoopTracker | None]
+    _valve: WatermarkValve | None
+    _assigner: int | None
 
     # what Task provides
     def _wake(self) -> None:
@@ -51,6 +54,9 @@ class CallsInFlight:
         raise NotImplementedError
 
     def _call_failure(self, op: Operator, exc: AsyncCallFailed) -> TaskFailure:
+        raise NotImplementedError
+
+    async def _set_idle(self, idle: bool) -> None:
         raise NotImplementedError
 
     def _init_calls(self) -> None:
@@ -76,7 +82,7 @@ class CallsInFlight:
             except AsyncCallFailed as exc:
                 raise self._call_failure(calls, exc) from exc.cause
             if got is None:
-                return
+                break
             results, stamps, watermark = got
             if results:
                 out, out_stamps = self._run_chain(results, 1, stamps)
@@ -84,6 +90,16 @@ class CallsInFlight:
             if watermark is not None:
                 await self._advance_watermark(watermark, 1)
             self._count_calls_in_loop()
+        if not calls.count and self._assigner is None and self._valve is not None:
+            # The inputs went idle while results were still to come: now it is.
+            await self._set_idle(self._valve.idle_out)
+
+    def _idle_unless_calls(self, idle: bool) -> bool:
+        """Whether the task's output is idle: not while a ``map_async``
+        holds records, whose results are still to come (downstream would
+        let its watermark pass them, and they would arrive late)."""
+        calls = self._calls
+        return idle and (calls is None or not calls.count)
 
     async def _finish_calls(self) -> None:
         """The input has ended: wait for every call still in flight and

@@ -481,13 +481,13 @@ class Task(EventTime, FailureReports, Participation, CallsInFlight):
                 if wm is not None:
                     await self._advance_watermark(wm)
                 if self._assigner is None:
-                    await self._set_idle(valve.idle_out)
+                    await self._set_idle(self._idle_unless_calls(valve.idle_out))
             elif kind is WatermarkStatus:
                 wm = valve.on_status(i, item.idle)
                 if wm is not None:
                     await self._advance_watermark(wm)
                 if self._assigner is None:
-                    await self._set_idle(valve.idle_out)
+                    await self._set_idle(self._idle_unless_calls(valve.idle_out))
             elif kind is EndOfInput:
                 aligning = self.barriers.aligning
                 await self.barriers.on_end(i)
