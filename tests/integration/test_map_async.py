@@ -7,9 +7,10 @@ followed its record (an event-time window downstream would drop it as late).
 Exactly-once with calls in flight: a job whose ``map_async`` has many slow
 calls in flight is failed (a ``FailingMap`` after it, restarts) while
 checkpoints are taken; its committed output and final keyed state must equal
-those of a failure-free run, in a DAG and in a loop, in each checkpoint mode
-and with each state backend, and some completed checkpoint must hold records
-in flight (so the restore really called them again). A restore at another
+those of a failure-free run, in a DAG and in a loop, with aligned, unaligned
+and synchronous checkpoints and with each state backend, and some completed
+checkpoint must hold records in flight (so the restore really called them
+again). A restore at another
 parallelism splits those records among the new subtasks.
 
 Failures: a call that raises, or exceeds its timeout, fails the job with one
@@ -254,7 +255,7 @@ def run(tmp: Path, shape: str, *, n: int, ordered: bool, failing: Any | None, mo
 
 @pytest.mark.parametrize("shape", ["dag", "loop"])
 @pytest.mark.parametrize("ordered", [True, False])
-@pytest.mark.parametrize("mode", ["exactly_once", "unaligned"])
+@pytest.mark.parametrize("mode", ["exactly_once", "unaligned", "synchronous"])
 def test_exactly_once_with_failures_while_calls_are_in_flight(
         tmp_path: Path, shape: str, ordered: bool, mode: str,
         state_backend: StateBackendFactory) -> None:
