@@ -200,7 +200,7 @@ def test_a_failed_or_timed_out_call_is_reported_with_its_record() -> None:
         slow = make(Service(), timeout=0.01)
         slow.process(["late"])
         await asyncio.sleep(0.05)
-        with pytest.raises(AsyncCallFailed, match="within its timeout of 0.01 s") as info:
+        with pytest.raises(AsyncCallFailed, match=r"within its timeout of 0\.01 s") as info:
             slow.take()
         assert info.value.record == "late"
         slow.close()
