@@ -295,3 +295,24 @@ def test_restore_at_another_parallelism_calls_the_records_in_flight_again(
                         backend=backend, parallelism=parallelism, restore="latest")
     assert Counter(out) == Counter(ref_out)
     assert state == ref_state
+
+
+def test_records_in_flight_that_no_operator_matches_refuse_the_restore(tmp_path: Path) -> None:
+    """Strict state matching covers them: a renamed ``map_async`` would
+    drop its records in flight without a word."""
+    def job(name: str, failing: Any) -> ef.StreamEnvironment:
+        env = ef.StreamEnvironment(parallelism=1)
+        env.enable_checkpointing(0.03, str(tmp_path / "chk"), retained=50)
+        (env.from_collection(list(range(1000))).map(Pace(10, 0.003))
+            .map_async(Latency(0.02), capacity=40).name(name).map(failing)
+            .sink_to(ef.FileSink(str(tmp_path / "out"))))
+        return env
+
+    with pytest.raises(ef.JobFailed):
+        watched(job("enrich", ef.testing.FailingMap(after=800)).execute_async("a"), TIMEOUT)
+    held = checkpoints_with_calls_in_flight(tmp_path / "chk", "enrich")
+    assert held
+    path = next(c.path for c in ef.list_checkpoints(tmp_path / "chk") if c.id == held[-1])
+    with pytest.raises(ef.IncompatibleCheckpoint, match=r"'enrich' \(map_async\): \d+ records? "
+                       r"in flight \(operator list state\), but the job has no operator"):
+        watched(job("lookup", identity).execute_async("b", restore=str(path)), TIMEOUT)
