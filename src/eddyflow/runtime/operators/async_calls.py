@@ -4,10 +4,11 @@ calls in flight per subtask, on the job's event loop (after Flink's
 
 The operator never awaits. ``process_ts`` admits a batch: it starts a call
 (an asyncio task) per record while fewer than ``capacity`` are running and
-queues the rest, and returns nothing. A call's completion is a done-callback
-on the loop: it starts the next queued call at once (so the calls in flight
-stay at ``capacity`` whatever the task is doing) and, when results can be
-emitted, calls :attr:`AsyncCallOperator.on_ready`, which wakes the task
+queues the rest, and returns nothing. The task of a call handles its
+completion as soon as the call returns: it starts the next queued call (so
+the calls in flight stay at ``capacity`` whatever the task is doing) and,
+when results can be emitted, calls :attr:`AsyncCallOperator.on_ready`,
+which wakes the task
 (``Task._wake``). The task then takes the results a segment at a time
 (:meth:`AsyncCallOperator.take`) and runs them through the rest of its
 chain. It stops reading input while :attr:`AsyncCallOperator.saturated`:
@@ -45,7 +46,6 @@ import inspect
 import pickle
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from functools import partial
 from types import CoroutineType
 from typing import Any
 
@@ -219,7 +219,8 @@ class AsyncCallOperator(Operator):
         self._queue: _OrderedQueue | _UnorderedQueue = (
             _OrderedQueue() if ordered else _UnorderedQueue())
         self._waiting: collections.deque[_Entry] = collections.deque()
-        self._tasks: set[asyncio.Future[Any]] = set()
+        #: The running calls: each task, with the awaitable it awaits.
+        self._tasks: dict[asyncio.Future[Any], Awaitable[Any]] = {}
         self._deadlines: collections.deque[_Deadline] = collections.deque()
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -276,19 +277,16 @@ class AsyncCallOperator(Operator):
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
-        task: asyncio.Future[Any]
-        if type(call) is CoroutineType:
-            task = loop.create_task(call)
-        elif inspect.isawaitable(call):
-            task = asyncio.ensure_future(call)
-        else:
+        if type(call) is not CoroutineType and not inspect.isawaitable(call):
             self._fail(entry, TypeError(
                 f"map_async needs a coroutine function; {self.fn!r:.80} returned "
                 f"{type(call).__name__}, not an awaitable"))
             return
+        # The wrapper handles the completion itself, at once: a done-callback
+        # would wait for another turn of the loop before the next call starts.
+        task = loop.create_task(self._call(entry, call))
         entry.task = task
-        self._tasks.add(task)
-        task.add_done_callback(partial(self._completed, entry))
+        self._tasks[task] = call
         # Timeouts: one timer for all calls, not one per call (an asyncio
         # timeout per call was a third of the operator's cost per record in
         # benchmarks/map_async.py). Calls start in order with the same
@@ -326,8 +324,21 @@ class AsyncCallOperator(Operator):
             self._failure = AsyncCallFailed(entry.record, exc)
             self._signal()
 
-    def _completed(self, entry: _Entry, task: asyncio.Future[Any]) -> None:
-        self._tasks.discard(task)
+    async def _call(self, entry: _Entry, call: Awaitable[Any]) -> None:
+        try:
+            result = await call
+        except asyncio.CancelledError as exc:  # a timeout, the job's end, or the call's own
+            self._completed(entry, None, exc)
+            raise
+        except Exception as exc:
+            self._completed(entry, None, exc)
+        else:
+            self._completed(entry, result, None)
+
+    def _completed(self, entry: _Entry, result: Any, exc: BaseException | None) -> None:
+        task = entry.task
+        if task is not None:
+            self._tasks.pop(task, None)
         entry.task = None
         deadline = entry.deadline
         if deadline is not None:
@@ -342,14 +353,10 @@ class AsyncCallOperator(Operator):
             self._fail(entry, CallTimedOut(
                 f"the call did not complete within its timeout of {self.timeout:g} s"))
             return
-        if task.cancelled():
-            self._fail(entry, asyncio.CancelledError("the call was cancelled"))
-            return
-        exc = task.exception()
         if exc is not None:
             self._fail(entry, exc)
             return
-        entry.result = task.result()
+        entry.result = result
         entry.done = True
         if self._waiting:
             self._start(self._waiting.popleft())
@@ -426,8 +433,11 @@ class AsyncCallOperator(Operator):
             self._timer.cancel()
             self._timer = None
         self._deadlines.clear()
-        for task in list(self._tasks):
+        for task, call in self._tasks.items():
             task.cancel()
+            if type(call) is CoroutineType and (inspect.getcoroutinestate(call)
+                                                == inspect.CORO_CREATED):
+                call.close()  # its task never ran: it was not awaited, and need not be
         self._tasks.clear()
         self._waiting.clear()
 
