@@ -11,7 +11,10 @@ the defaults: 10,000 calls of 10 ms at capacity 100). Reported per mode
 (ordered, unordered): the job's wall time, best of ``--rounds``, and its
 ratio to that ideal. The goal: at most 1.5x, in both modes; the calls are
 ``asyncio.sleep``, so everything above the ideal is the runtime's own cost
-(a task per call, the wake-ups, the batches through the chain).
+(a task per call, the wake-ups, the batches through the chain) and the
+event loop's. For scale, the same calls made by plain asyncio (a task per
+call, ``capacity`` at a time, no eddyflow) are reported first: on a loaded
+machine the loop's own delays move both.
 
     python benchmarks/map_async.py            # 3 rounds per mode
     python benchmarks/map_async.py --rounds 1
@@ -53,6 +56,41 @@ def run_once(calls: int, latency: float, capacity: int, ordered: bool) -> float:
     return took
 
 
+def plain_asyncio(calls: int, latency: float, capacity: int) -> float:
+    """Seconds plain asyncio takes for the same calls: ``capacity`` at a
+    time, each a task, the next started when one completes."""
+
+    async def run() -> float:
+        loop = asyncio.get_running_loop()
+        began = time.perf_counter()
+        done: asyncio.Future[None] = loop.create_future()
+        started = 0
+        left = calls
+
+        async def call() -> None:
+            await asyncio.sleep(latency)
+
+        def start() -> None:
+            nonlocal started
+            started += 1
+            loop.create_task(call()).add_done_callback(finished)
+
+        def finished(_: object) -> None:
+            nonlocal left
+            left -= 1
+            if started < calls:
+                start()
+            if not left:
+                done.set_result(None)
+
+        for _ in range(min(capacity, calls)):
+            start()
+        await done
+        return time.perf_counter() - began
+
+    return asyncio.run(run())
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--calls", type=int, default=10_000)
@@ -63,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     ideal = args.calls * args.latency / args.capacity
     print(f"{args.calls:,} calls of {args.latency * 1000:g} ms at capacity {args.capacity}: "
           f"ideal {ideal:.3f} s")
+    plain = min(plain_asyncio(args.calls, args.latency, args.capacity)
+                for _ in range(args.rounds))
+    print(f"plain asyncio: {plain:.3f} s (best of {args.rounds}), {plain / ideal:.2f}x the ideal")
     worst = 0.0
     for ordered in (True, False):
         best = min(run_once(args.calls, args.latency, args.capacity, ordered)
