@@ -229,8 +229,9 @@ class AsyncCallOperator(Operator):
         #: Results (or a failure) are ready for :meth:`take`.
         self.ready = False
         self._failure: AsyncCallFailed | None = None
-        #: Called (on the loop) when :attr:`ready` becomes true or a slot
-        #: frees while :attr:`saturated`: the task sets it to its wake-up.
+        #: Called (on the loop) when :attr:`ready` becomes true: the task
+        #: sets it to its wake-up. (Only :meth:`take` frees room below
+        #: ``capacity``, so a task waiting at capacity waits for this too.)
         self.on_ready: Callable[[], None] = _nothing
         self._closed = False
 
