@@ -52,6 +52,30 @@ class Latency:
         return self  # counts over restarts
 
 
+class FailOnceCallsAreCheckpointed:
+    """Identity that raises ``InjectedFailure`` once a completed checkpoint
+    of ``directory`` holds records in flight at ``operator`` (looked at
+    every 20 records): the failure comes after such a checkpoint however
+    slowly checkpoints complete on a loaded machine."""
+
+    def __init__(self, directory: Path, operator: str) -> None:
+        self.directory = directory
+        self.operator = operator
+        self.seen = 0
+        self.fired = False
+
+    def __call__(self, r: Any) -> Any:
+        self.seen += 1
+        if (not self.fired and self.seen % 20 == 0 and self.directory.exists()
+                and checkpoints_with_calls_in_flight(self.directory, self.operator)):
+            self.fired = True
+            raise ef.testing.InjectedFailure("a checkpoint holds calls in flight: fail now")
+        return r
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FailOnceCallsAreCheckpointed:
+        return self
+
+
 def checkpoints_with_calls_in_flight(directory: Path, operator: str) -> list[int]:
     """Ids of the retained checkpoints in which ``operator`` recorded records
     in flight (operator list state)."""
@@ -281,12 +305,12 @@ def test_restore_at_another_parallelism_calls_the_records_in_flight_again(
     with records in flight; a new job at ``parallelism`` restores the
     latest and finishes: its output and state are those of a failure-free
     run."""
-    n = 1200
+    n = 1500
     backend = StateBackendFactory("memory")
     ref_out, ref_state, _ = run(tmp_path / "ref", shape, n=n, ordered=True, failing=None,
                                 mode="exactly_once", backend=backend)
-    failing = ef.testing.FailingMap(after=n * 4 // 5, times=1)
     tmp = tmp_path / "run"
+    failing = FailOnceCallsAreCheckpointed(tmp / "chk", JOBS[shape][1])
     with pytest.raises(ef.JobFailed):
         run(tmp, shape, n=n, ordered=True, failing=failing, mode="exactly_once",
             backend=backend, attempts=0)
@@ -303,13 +327,14 @@ def test_records_in_flight_that_no_operator_matches_refuse_the_restore(tmp_path:
     def job(name: str, failing: Any) -> ef.StreamEnvironment:
         env = ef.StreamEnvironment(parallelism=1)
         env.enable_checkpointing(0.03, str(tmp_path / "chk"), retained=50)
-        (env.from_collection(list(range(1000))).map(Pace(10, 0.003))
+        (env.from_collection(list(range(1500))).map(Pace(10, 0.003))
             .map_async(Latency(0.02), capacity=40).name(name).map(failing)
             .sink_to(ef.FileSink(str(tmp_path / "out"))))
         return env
 
     with pytest.raises(ef.JobFailed):
-        watched(job("enrich", ef.testing.FailingMap(after=800)).execute_async("a"), TIMEOUT)
+        failing = FailOnceCallsAreCheckpointed(tmp_path / "chk", "enrich")
+        watched(job("enrich", failing).execute_async("a"), TIMEOUT)
     held = checkpoints_with_calls_in_flight(tmp_path / "chk", "enrich")
     assert held
     path = next(c.path for c in ef.list_checkpoints(tmp_path / "chk") if c.id == held[-1])
