@@ -10,13 +10,14 @@ partitioning, so none of them adds an operator of its own.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, overload
 
 from eddyflow.connected import BroadcastStream, ConnectedStreams, IntervalJoin, JoinedStreams, Side
 from eddyflow.connectors.sink import PrintSink, Sink
 from eddyflow.functions import KeyedProcessFunction
 from eddyflow.graph.logical import Node, Partitioning
+from eddyflow.runtime.operators.async_calls import MapAsyncSpec
 from eddyflow.runtime.operators.io import SinkSpec
 from eddyflow.runtime.operators.keyed import (
     KeyedCountSpec,
@@ -131,6 +132,40 @@ class DataStream:
             _check_callable(pred, "filter predicate", f"operator '{uid}'")
             return FilterSpec(pred)
         return self._then("filter", make)
+
+    def map_async(self, fn: Callable[[Any], Awaitable[Any]], *, capacity: int = 100,
+                  timeout: float = 10.0, ordered: bool = True) -> DataStream:
+        """``await fn(record)`` per record, with up to ``capacity`` calls in
+        flight per subtask on the job's event loop (enrichment from a
+        service or a database; after Flink's async I/O).
+
+        ``ordered=True`` emits results in input order; ``ordered=False`` as
+        they complete, but never across a watermark (nor a checkpoint
+        barrier). Records whose calls are in flight at a barrier are part of
+        the checkpoint and are called again after a restore, at any
+        parallelism: state and sinks stay exactly-once, the calls are
+        at-least-once. A call that raises, or takes longer than ``timeout``
+        seconds, fails the job, naming the operator and the record (the
+        restart strategy applies). At capacity the operator reads no more
+        input, which back-pressures upstream. ``fn`` should not change its
+        record in place: the checkpoint keeps a copy to call it again with.
+        See docs/concepts/async.md."""
+        def make(uid: str) -> MapAsyncSpec:
+            where = f"operator '{uid}'"
+            _check_callable(fn, "map_async function", where)
+            if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+                raise ValueError(f"{where}: map_async capacity must be an int >= 1, "
+                                 f"got {capacity!r}")
+            if (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+                    or not timeout > 0 or timeout == float("inf")):
+                raise ValueError(f"{where}: map_async timeout must be a number of seconds > 0, "
+                                 f"got {timeout!r}")
+            if not isinstance(ordered, bool):
+                raise TypeError(f"{where}: map_async ordered must be a bool, got {ordered!r}")
+            return MapAsyncSpec(fn, capacity, float(timeout), ordered)
+        node = self._add("map_async", make(self._next_uid("map_async")))
+        node.chain_head = True  # its task waits on its calls (runtime/calls.py)
+        return DataStream(self._env, ((node.id, Partitioning.DEFAULT, None),), node)
 
     # -- partitioning ------------------------------------------------------
 

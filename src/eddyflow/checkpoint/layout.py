@@ -34,6 +34,7 @@ __all__ = [
     "COMMITS",
     "LOCK",
     "METADATA",
+    "OPERATOR_LIST",
     "SHARED",
     "SUPERSEDED",
     "CheckpointLayout",
@@ -57,6 +58,8 @@ LOCK = "_lock"
 BACKEDGE_LOG = "backedge-log"
 #: A subtask's channel state (an unaligned checkpoint), in its subtask folder.
 CHANNEL_STATE = "channel-state"
+#: A subtask's operator list state (``map_async``'s records in flight).
+OPERATOR_LIST = "operator-list"
 #: The folder of a bootstrapped checkpoint's given rows, in its folder.
 BOOTSTRAP = "bootstrap"
 
@@ -169,6 +172,11 @@ class CheckpointLayout:
     def channel_state_file(cls, checkpoint_id: int, operator: str, subtask: int) -> str:
         """A subtask's channel state (records in flight at an unaligned barrier)."""
         return cls.subtask_prefix(checkpoint_id, operator, subtask) + CHANNEL_STATE
+
+    @classmethod
+    def operator_list_file(cls, checkpoint_id: int, operator: str, subtask: int) -> str:
+        """A subtask's operator list state (``map_async``'s records in flight)."""
+        return cls.subtask_prefix(checkpoint_id, operator, subtask) + OPERATOR_LIST
 
     @staticmethod
     def shared_prefix(checkpoint_id: int, operator: str, subtask: int, run_id: str) -> str:

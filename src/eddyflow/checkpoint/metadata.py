@@ -33,6 +33,7 @@ __all__ = [
     "CheckpointMetadata",
     "GraphEdge",
     "GraphNode",
+    "OperatorList",
     "OperatorState",
     "SubtaskState",
     "TaskStats",
@@ -84,8 +85,25 @@ class ChannelState:
                             {str(k): int(v) for k, v in d["outputs"].items()})
 
 
+@dataclass(frozen=True)
+class OperatorList:
+    """A subtask's operator list state in one file (``map_async``'s records
+    in flight at the barrier): on restore the lists of all old subtasks are
+    split among the new ones, whatever the parallelism."""
+
+    file: FileHandle
+    records: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file.to_json(), "records": self.records}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> OperatorList:
+        return OperatorList(FileHandle.from_json(dict(d["file"])), int(d["records"]))
+
+
 _PART_KEYS = frozenset({"source", "keyed", "committables", "backedge", "channel_state",
-                        "watermark"})
+                        "watermark", "operator_list"})
 
 
 def _encode_watermark(w: float) -> float | str:
@@ -105,8 +123,9 @@ def _decode_watermark(v: Any) -> float:
 class SubtaskState:
     """What one subtask of one operator recorded: a source's position (JSON
     key ``source``), keyed state, a sink's pending transactions, a loop
-    head's back-edge log, an unaligned checkpoint's channel state, and the
-    operator's watermark at the barrier (``None``: it had none yet).
+    head's back-edge log, an unaligned checkpoint's channel state, operator
+    list state (``map_async``'s records in flight), and the operator's
+    watermark at the barrier (``None``: it had none yet).
 
     A position may itself be ``None``, hence ``is_source``. A task
     acknowledges these (``runtime/checkpointing/messages.py``); keys of the
@@ -120,6 +139,7 @@ class SubtaskState:
     backedge: BackEdgeLog | None = None
     channel_state: ChannelState | None = None
     watermark: float | None = None
+    operator_list: OperatorList | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -136,6 +156,8 @@ class SubtaskState:
             out["backedge"] = self.backedge.to_json()
         if self.channel_state is not None:
             out["channel_state"] = self.channel_state.to_json()
+        if self.operator_list is not None:
+            out["operator_list"] = self.operator_list.to_json()
         return out
 
     @staticmethod
@@ -150,6 +172,8 @@ class SubtaskState:
             channel_state=(None if d.get("channel_state") is None
                            else ChannelState.from_json(d["channel_state"])),
             watermark=None if watermark is None else _decode_watermark(watermark),
+            operator_list=(None if d.get("operator_list") is None
+                           else OperatorList.from_json(d["operator_list"])),
             extra={k: v for k, v in d.items() if k not in _PART_KEYS},
         )
 

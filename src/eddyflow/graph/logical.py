@@ -58,6 +58,9 @@ class Node:
     #: What a generated uid is derived from (``LogicalGraph.generated_uid``);
     #: kept, whatever the uid is now, to number later operators that share it.
     signature: str = ""
+    #: Starts a task of its own: nothing chains into it (``map_async``,
+    #: whose task must read a gate to wait on its calls' completions).
+    chain_head: bool = False
 
 
 @dataclass

@@ -168,6 +168,8 @@ def build_plan(
     def chainable(e: Edge) -> bool:
         if not chaining or kinds[e.id] is EdgeKind.BACK or e.source == e.target:
             return False
+        if graph.nodes[e.target].chain_head:
+            return False
         if len(graph.outputs(e.source)) != 1 or len(graph.inputs(e.target)) != 1:
             return False
         if par[e.source] != par[e.target]:

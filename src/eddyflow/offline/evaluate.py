@@ -40,6 +40,7 @@ from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.keygroups import key_group_for
 from eddyflow.offline.broadcast_replay import ElementsOnly, element_key, replay_broadcast, side_of
 from eddyflow.offline.localrdd import LocalContext, to_local, to_spark
+from eddyflow.runtime.operators.async_calls import MapAsyncSpec
 from eddyflow.runtime.operators.base import OperatorContext
 from eddyflow.runtime.operators.broadcast import BroadcastSpec
 from eddyflow.runtime.operators.co_process import CoProcessSpec
@@ -357,6 +358,13 @@ class _Evaluator:
         if isinstance(spec, STATELESS_SPECS):
             return (None if inputs is None
                     else inputs.mapPartitions(_stateless(spec), preservesPartitioning=True)), None
+        if isinstance(spec, MapAsyncSpec):
+            # Its results come from an external system at the time of the
+            # call, and the records it had in flight at the checkpoint are
+            # in no downstream state yet: a replay would be a guess.
+            self.blocked(node_id, f"map_async '{node.uid}' is not replayed offline: its results "
+                         "come from calls to an external system when the job ran")
+            return None, None
         if not isinstance(spec, KeyedSpec):
             self.blocked(node_id, f"cannot replay a {type(spec).__name__} in batch")
             return None, None

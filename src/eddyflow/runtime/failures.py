@@ -11,6 +11,7 @@ from eddyflow.connectors.source import SourceReader
 from eddyflow.errors import StateSerializationError
 from eddyflow.runtime.exchange.events import Span
 from eddyflow.runtime.exchange.writers import KeyRoutingError, RecordWriter
+from eddyflow.runtime.operators.async_calls import AsyncCallFailed
 from eddyflow.runtime.operators.base import Operator
 
 __all__ = ["FailureReports", "TaskFailure"]
@@ -127,6 +128,11 @@ class FailureReports:
         where = f"{self.source_label} at {reader.describe_position(reader.position())}"
         return TaskFailure(self._describe(f"source '{self.source_uid}'", exc, _NO_RECORD, where),
                            str(self.source_uid), self.subtask, where)
+
+    def _call_failure(self, op: Operator, exc: AsyncCallFailed) -> TaskFailure:
+        """A call of the ``map_async`` ``op`` raised or timed out on ``exc.record``."""
+        return TaskFailure(self._describe(f"map_async '{op.uid}'", exc.cause, exc.record, None),
+                           op.uid, self.subtask, None)
 
     def _end_input_failure(self, op: Operator, exc: BaseException) -> TaskFailure:
         """``op`` failed at the end of its input."""

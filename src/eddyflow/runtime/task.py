@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from eddyflow.connectors.source import SourceReader
+from eddyflow.runtime.calls import CallsInFlight
 from eddyflow.runtime.checkpointing.barriers import BarrierHandler, CheckpointMode
 from eddyflow.runtime.checkpointing.messages import SubtaskId
 from eddyflow.runtime.checkpointing.participation import Participation
@@ -52,7 +53,7 @@ __all__ = ["Task"]
 _log = logging.getLogger("eddyflow")
 
 
-class Task(EventTime, FailureReports, Participation):
+class Task(EventTime, FailureReports, Participation, CallsInFlight):
     """One subtask of one operator chain, run as one coroutine (:meth:`run`).
 
     The loop reads a batch from its input gate (or its source reader), pushes
@@ -140,6 +141,7 @@ class Task(EventTime, FailureReports, Participation):
             gate, self.regular,
             coordinator.mode if coordinator is not None else CheckpointMode.EXACTLY_ONCE, self,
             owner=self.state_owner)
+        self._init_calls()
         self.interrupt: Interrupt | None = None
         if coordinator is not None and coordinator.may_go_unaligned:
             # Barriers may overtake: let this task's waits for channel space
@@ -248,7 +250,8 @@ class Task(EventTime, FailureReports, Participation):
 
     def _wake(self) -> None:
         """Wake the loop wherever it waits: processing time is due, a
-        checkpoint was triggered, or a switch to unaligned was asked for."""
+        checkpoint was triggered, a switch to unaligned was asked for, or
+        a ``map_async`` call completed."""
         wake = self._trigger_wakeup
         if wake is not None and not wake.done():
             wake.set_result(None)
@@ -263,6 +266,7 @@ class Task(EventTime, FailureReports, Participation):
                 op.open()
             if self.restore is not None:
                 self._restore(self.restore)
+                self._count_calls_in_loop()  # the records in flight it restored
             if self.reader is not None:
                 await self._run_source(self.reader)
                 await self._end_of_input()
@@ -401,6 +405,9 @@ class Task(EventTime, FailureReports, Participation):
             if self._trigger is not None:
                 await self._on_loop_trigger(ended=ended)
                 continue
+            calls = self._calls
+            if calls is not None and calls.ready:
+                await self._take_calls()
             if not ended and self._loop_is_empty():
                 # A loop head: its input is exhausted and nothing is left
                 # anywhere in its loop. End, which ends the loop body in turn;
@@ -409,10 +416,18 @@ class Task(EventTime, FailureReports, Participation):
                 self.barriers.end_loop()
                 await self._end_of_input()
                 continue
-            got = gate.poll()
+            # A map_async at capacity reads no records (back-pressure) until
+            # a call completes, but takes part in unaligned checkpoints.
+            full = calls is not None and calls.saturated
+            got = gate.poll_priority() if full else gate.poll()
             if got is None:
                 await self._generator_watermark(True)
                 await self._flush()
+                if calls is not None and calls.ready:
+                    continue  # completed while the flush waited: its wake-up is spent
+                if full:
+                    await gate.wait_wake()
+                    continue
                 if not ended and self._loop_is_empty():
                     continue
                 waited = time.perf_counter()
@@ -426,6 +441,8 @@ class Task(EventTime, FailureReports, Participation):
                 self.barriers.on_records(i, item)
                 self._current_span = item.span
                 await self._process_input(item, item.span, item.timestamps)
+                if calls is not None:
+                    self._count_calls_in_loop()  # before the batch leaves the count
                 tracker = self.input_loops[i]
                 if tracker is not None:
                     tracker.consumed(len(item))
@@ -464,13 +481,13 @@ class Task(EventTime, FailureReports, Participation):
                 if wm is not None:
                     await self._advance_watermark(wm)
                 if self._assigner is None:
-                    await self._set_idle(valve.idle_out)
+                    await self._set_idle(self._idle_unless_calls(valve.idle_out))
             elif kind is WatermarkStatus:
                 wm = valve.on_status(i, item.idle)
                 if wm is not None:
                     await self._advance_watermark(wm)
                 if self._assigner is None:
-                    await self._set_idle(valve.idle_out)
+                    await self._set_idle(self._idle_unless_calls(valve.idle_out))
             elif kind is EndOfInput:
                 aligning = self.barriers.aligning
                 await self.barriers.on_end(i)
@@ -493,6 +510,8 @@ class Task(EventTime, FailureReports, Participation):
             await self._end_of_input()
 
     async def _end_of_input(self) -> None:
+        if self._calls is not None:
+            await self._finish_calls()
         if self.interrupt is not None:
             # Operators emit their last records (window results, say): a
             # snapshot in the middle of that would be neither before nor after.

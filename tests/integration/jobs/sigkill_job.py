@@ -29,6 +29,9 @@ Settings come from environment variables, so the same file runs under
 * ``EF_SIGKILL_SINK_DELAY``  seconds a map before the sink sleeps per record
   (default 0: none); it runs at parallelism 1, behind an exchange, with small
   channels, so the job is back-pressured from its first second
+* ``EF_SIGKILL_ASYNC``  seconds each call of a ``map_async`` (ordered,
+  right after the source) sleeps (default 0: no such operator); its records
+  in flight are in the checkpoints and are called again after a restore
 * ``EF_SIGKILL_DEEP``  seconds a map in the middle of the job sleeps per
   record (default 0: no such map). The job is then ``from_log -> key_by ->
   parse -> key_by -> sleepy (parallelism 1) -> key_by -> running -> FileSink``:
@@ -38,6 +41,7 @@ Settings come from environment variables, so the same file runs under
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from typing import Any
@@ -91,6 +95,11 @@ def build(env: ef.StreamEnvironment) -> None:
     delay = float(os.environ.get("EF_SIGKILL_SINK_DELAY", "0"))
     deep = float(os.environ.get("EF_SIGKILL_DEEP", "0"))
     source = env.from_log(_setting("EF_SIGKILL_LOG"))
+    latency = float(os.environ.get("EF_SIGKILL_ASYNC", "0"))
+    if latency:
+        # Forward from the source and in input order: each key's records
+        # still reach the stateful map in log order.
+        source = source.map_async(Lookup(latency), capacity=100, ordered=True).name("lookup")
     if deep:
         env.channel_capacity = 2
         # Each key's records stay in one subtask at every stage: in log order.
@@ -106,6 +115,17 @@ def build(env: ef.StreamEnvironment) -> None:
 def parse(record: list[Any]) -> list[Any]:
     """A new record of the same content (a stage of its own in the deep job)."""
     return list(record)
+
+
+class Lookup:
+    """A coroutine function: a copy of the record after ``latency`` seconds."""
+
+    def __init__(self, latency: float) -> None:
+        self.latency = latency
+
+    async def __call__(self, record: list[Any]) -> list[Any]:
+        await asyncio.sleep(self.latency)
+        return list(record)
 
 
 class Sleepy:

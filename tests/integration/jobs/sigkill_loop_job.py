@@ -36,6 +36,9 @@ Settings come from environment variables, so the same file runs under
   environment's, e.g. ``eddyflow run -p 2``)
 * ``EF_SIGKILL_SLOW``  seconds of busy work per 1,000 steps round the loop
   (default 0: full speed), to stretch the job on a fast machine
+* ``EF_SIGKILL_ASYNC``  seconds each step waits, as a ``map_async`` (at most
+  100 steps in flight per subtask) instead of a ``map`` (default 0: a
+  ``map``); the records in flight in it are in the checkpoints
 * ``EF_SIGKILL_BACKEND``  the state backend: ``memory`` (default) or
   ``rocksdb``, whose local databases go under ``EF_SIGKILL_ROCKSDB``, with
   ``EF_SIGKILL_ROCKSDB_CACHE`` entries in each state's write cache (default:
@@ -44,6 +47,7 @@ Settings come from environment variables, so the same file runs under
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from typing import Any
@@ -75,6 +79,19 @@ def make_step(slow: float) -> Any:
         return [key, seq, collatz(n), rounds - 1]
 
     return step
+
+
+class AsyncStep:
+    """The loop body as a coroutine function: ``step`` after ``latency`` seconds."""
+
+    def __init__(self, step: Any, latency: float) -> None:
+        self.step = step
+        self.latency = latency
+
+    async def __call__(self, record: list[Any]) -> list[Any]:
+        await asyncio.sleep(self.latency)
+        result: list[Any] = self.step(record)
+        return result
 
 
 def first(record: list[Any]) -> Any:
@@ -117,7 +134,12 @@ def build(env: ef.StreamEnvironment) -> None:
     slow = float(os.environ.get("EF_SIGKILL_SLOW", "0"))
     loop = env.from_log(_setting("EF_SIGKILL_LOG")).name("log").iterate()
     loop.name(HEAD)  # names the iterate node just added: the loop head
-    stepped = loop.map(make_step(slow)).name("step")
+    latency = float(os.environ.get("EF_SIGKILL_ASYNC", "0"))
+    if latency:
+        stepped = loop.map_async(AsyncStep(make_step(slow), latency), capacity=100,
+                                 ordered=False).name("step")
+    else:
+        stepped = loop.map(make_step(slow)).name("step")
     loop.close_with(stepped.filter(again).name("again").key_by(first))
     (
         stepped.filter(done).name("done")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from eddyflow.checkpoint.layout import CheckpointLayout
-from eddyflow.checkpoint.metadata import BackEdgeLog, ChannelState, SubtaskState
+from eddyflow.checkpoint.metadata import BackEdgeLog, ChannelState, OperatorList, SubtaskState
 from eddyflow.checkpoint.storage import CheckpointStorage, FileHandle
 from eddyflow.connectors.source import SourceReader
 from eddyflow.errors import StateSerializationError
@@ -291,6 +291,7 @@ class Snapshotting:
         flight = self._start_in_flight_files(n, storage, backlog, parts, files)
         try:
             await self._keyed_files(snaps, parts, files)
+            await self._operator_list_files(n, storage, snaps, parts, files)
         except BaseException:
             with contextlib.suppress(Exception):
                 await flight  # under way: let it land or fail before giving up
@@ -319,6 +320,23 @@ class Snapshotting:
             if snap.committables:
                 part = replace(part, committables=tuple(snap.committables))
             parts[uid] = part
+
+    async def _operator_list_files(self, n: int, storage: CheckpointStorage | None,
+                                   snaps: dict[str, OperatorSnapshot | None],
+                                   parts: dict[str, SubtaskState], files: list[FileHandle]
+                                   ) -> None:
+        """Write each operator's list state (pickled at the barrier) to a
+        file of its own in checkpoint ``n``."""
+        if storage is None:
+            return
+        for uid, snap in snaps.items():
+            if snap is None or snap.operator_list is None:
+                continue
+            rel = CheckpointLayout.operator_list_file(n, uid, self.subtask)
+            handle = await storage.start_write_file(rel, [snap.operator_list])
+            files.append(handle)
+            parts[uid] = replace(parts.get(uid, SubtaskState()),
+                                 operator_list=OperatorList(handle, snap.operator_list_records))
 
     def _start_in_flight_files(self, n: int, storage: CheckpointStorage | None,
                                backlog: ChannelStateLog | None,
@@ -394,6 +412,8 @@ class Snapshotting:
                 if op.reads_every_key_group:
                     op.restore_broadcast(restored.storage.root,
                                          restored.keyed_handles(op.uid, range(c.max_parallelism)))
+            if restored.has_operator_list(op.uid):
+                op.restore_operator_list(restored.operator_list(op.uid, c.subtask, c.parallelism))
         if self.reader is not None:
             assert self.source_uid is not None
             pos = restored.source_position(self.source_uid, self.subtask, self.parallelism)

@@ -365,6 +365,16 @@ class InputGate:
         finally:
             self._waiter = None
 
+    async def wait_wake(self) -> None:
+        """Wait until someone wakes the gate, items queued or not: how a
+        task that reads no records for now (a ``map_async`` at capacity)
+        still hears of priority items and of its own wake-ups."""
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
     def poll_ready(self) -> bool:
         """Whether :meth:`poll` would return an item."""
         if self._priorities:

@@ -72,6 +72,11 @@ class OperatorSnapshot:
     keyed: KeyedSnapshot | None = None
     #: Prepared, not yet committed sink transactions.
     committables: list[Any] = field(default_factory=list)
+    #: Operator list state, pickled at the barrier (``map_async``'s records
+    #: in flight): split among the subtasks of any parallelism on restore.
+    operator_list: bytes | None = None
+    #: How many items ``operator_list`` holds.
+    operator_list_records: int = 0
 
 
 
@@ -141,6 +146,17 @@ class Operator:
         windows). Outputs flow through the rest of the chain before it gets
         the watermark; a ``RecordBatch`` with ``timestamps`` gives them theirs."""
         return []
+
+    def hold_watermark(self, watermark: float) -> bool:
+        """Whether the operator keeps ``watermark`` back, to release it
+        later itself (``map_async``, until the results before it are out);
+        the task then passes it no further for now."""
+        return False
+
+    def restore_operator_list(self, items: list[Any]) -> None:
+        """Take this subtask's share of the operator list state a
+        checkpoint recorded (see ``OperatorSnapshot.operator_list``)."""
+        raise TypeError(f"operator '{self.uid}' has no operator list state to restore")
 
     def locate_failure(self, batch: list[Any]) -> int | None:
         """The index of the input record ``process`` failed on, if known."""

@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from eddyflow.checkpoint.handles import KeyedStateHandle
 from eddyflow.checkpoint.metadata import CheckpointMetadata, OperatorState, SubtaskState
-from eddyflow.checkpoint.storage import CheckpointStorage
+from eddyflow.checkpoint.storage import CheckpointCorrupted, CheckpointStorage
 from eddyflow.errors import IncompatibleCheckpoint
 from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.keygroups import key_group_range
 from eddyflow.runtime.checkpointing.backedge_log import Logged, read_backedge_batches
 from eddyflow.runtime.checkpointing.channel_state import read_channel_state
+from eddyflow.runtime.operators.async_calls import decode_in_flight
 
 __all__ = ["RestoredCheckpoint"]
 
@@ -47,6 +49,9 @@ def _held_state(op: OperatorState) -> str:
     logs = [p.backedge for p in parts if p.backedge is not None]
     if logs:
         held.append(f"back-edge logs of {_plural(sum(b.records for b in logs), 'record')}")
+    lists = sum(p.operator_list.records for p in parts if p.operator_list is not None)
+    if lists:
+        held.append(f"{_plural(lists, 'record')} in flight (operator list state)")
     in_flight = sum(p.channel_state.records for p in parts if p.channel_state is not None)
     if in_flight:
         held.append(f"channel state of {_plural(in_flight, 'record')}")
@@ -289,6 +294,38 @@ class RestoredCheckpoint:
                     outputs.setdefault(key, []).extend(batches)
         return {key: inputs.get(key, []) + outputs.get(key, [])
                 for key in sorted({*inputs, *outputs})}
+
+    def has_operator_list(self, uid: str) -> bool:
+        """Whether an old subtask of ``uid`` recorded operator list state."""
+        return any(part.operator_list is not None for part in self._subtasks(uid))
+
+    def operator_list(self, uid: str, subtask: int, parallelism: int) -> list[Any]:
+        """``subtask``'s share of the operator list state of ``uid`` (the
+        records in flight at a ``map_async``): at the same parallelism its
+        own list, else the old subtasks' lists in subtask order, split into
+        ``parallelism`` contiguous, nearly equal parts (as Flink splits
+        operator list state), each keeping its records' order."""
+        op = self.operators.get(uid)
+        if op is None:
+            return []
+        same = op.parallelism == parallelism
+        items: list[Any] = []
+        for s, part in sorted(op.subtasks.items()):
+            if part.operator_list is None or (same and s != subtask):
+                continue
+            handle = part.operator_list.file
+            path = os.path.join(self.storage.root, handle.path)
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except OSError as exc:
+                raise CheckpointCorrupted(f"{path}: unreadable records in flight: {exc}") from exc
+            items.extend(decode_in_flight(data, path))
+        if same:
+            return items
+        share, extra = divmod(len(items), parallelism)
+        start = subtask * share + min(subtask, extra)
+        return items[start:start + share + (1 if subtask < extra else 0)]
 
     def parallelism_of(self, uid: str) -> int | None:
         op = self.operators.get(uid)

@@ -140,6 +140,8 @@ class EventTime:
                 return  # upstream event time stops at a generator of its own
             if wm <= op.watermark:
                 continue  # restored beyond it: nothing new to fire
+            if op.hold_watermark(wm):
+                return  # map_async: released after the results before it
             op.watermark = wm
             out = op.on_watermark(wm)
             if out:
