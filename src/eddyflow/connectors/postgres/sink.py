@@ -44,6 +44,7 @@ import psycopg
 from psycopg import sql
 
 from eddyflow.connectors.postgres.sink_sql import (
+    CopyStream,
     PostgresSinkError,
     Statements,
     TableInfo,
@@ -168,6 +169,7 @@ class PostgresWriter(SinkWriter):
         self.subtask = subtask
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._statements: Statements | None = None
+        self._copy: CopyStream | None = None
         #: Rows were written since the last prepare (a transaction is open).
         self._dirty = False
 
@@ -185,13 +187,18 @@ class PostgresWriter(SinkWriter):
         info: TableInfo = await load_table(conn, s.table, s.who)
         await conn.commit()
         st = self._statements = Statements(info, s.mode, s.key, s.who)
+        if s.mode == "append":
+            self._copy = CopyStream(st)
         return conn, st
 
     async def write(self, records: list[Any]) -> None:
         conn, st = await self._open()
         self._dirty = True
         try:
-            await write_batch(conn, st, records)
+            if self._copy is not None:
+                await self._copy.write(conn, records)
+            else:
+                await write_batch(conn, st, records)
         except psycopg.errors.LockNotAvailable as exc:
             raise PostgresSinkError(
                 f"{self.sink.who}: a write waited more than lock_timeout="
@@ -207,6 +214,13 @@ class PostgresWriter(SinkWriter):
         if conn is None or not self._dirty:
             return None
         self._dirty = False
+        if self._copy is not None:
+            try:
+                await self._copy.finish()
+            except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
+                raise PostgresSinkError(
+                    f"{self.sink.who}: table {self.sink.table} refused rows: "
+                    f"{' '.join(str(exc).split())}") from exc
         if not self.sink.exactly_once:
             await conn.commit()
             return None
@@ -223,6 +237,8 @@ class PostgresWriter(SinkWriter):
         # middle of a statement the failure interrupted, where a ROLLBACK
         # could not be sent.
         self._dirty = False
+        if self._copy is not None:
+            await self._copy.discard()
         await self.close()
 
     async def close(self) -> None:

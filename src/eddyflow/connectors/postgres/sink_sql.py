@@ -3,23 +3,26 @@
 and unique keys, the checks run before a job starts, and the statements
 that write one batch.
 
-A batch is written with one statement per kind of change: the rows'
-columns as arrays, ``unnest``-ed into ``INSERT ... SELECT`` (upsert adds
-``ON CONFLICT (key) DO UPDATE``), deletes as ``DELETE ... WHERE (key) IN
-(SELECT * FROM unnest(...))``. That is one round trip per batch, with no
-await per record. Of the ways to write a batch,
+Appended rows go into one ``COPY ... FROM STDIN`` per transaction
+(:class:`CopyStream`). An upsert batch is written with one statement per
+kind of change: the rows' columns as arrays, ``unnest``-ed into ``INSERT
+... SELECT ... ON CONFLICT (key) DO UPDATE``, deletes as ``DELETE ...
+WHERE (key) IN (SELECT * FROM unnest(...))``: one round trip per batch,
+with no await per record. Of the ways to upsert a batch,
 ``benchmarks/postgres_sink.py --methods`` measures this against pipelined
 ``executemany`` (much slower: a statement per row, however pipelined) and
-``COPY`` into a temporary table merged with ``INSERT ... SELECT`` (slower
-too, and unusable here: PostgreSQL refuses to ``PREPARE`` a transaction
+``COPY`` into a temporary table merged with ``INSERT ... SELECT`` (no
+faster, and unusable here: PostgreSQL refuses to ``PREPARE`` a transaction
 that touched a temporary table). Columns of array types cannot go through
-``unnest`` (it flattens arrays of arrays): a batch with such a column is
-written with ``executemany``.
+``unnest`` (it flattens arrays of arrays): an upsert batch with such a
+column is written with ``executemany``.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
@@ -31,8 +34,9 @@ from psycopg.types.json import Json, Jsonb
 
 from eddyflow.errors import EddyflowError
 
-__all__ = ["Column", "PostgresSinkError", "TableInfo", "connect", "display_dsn",
-           "load_table", "write_batch"]
+__all__ = ["Column", "CopyStream", "PostgresSinkError", "Statements", "TableInfo",
+           "by_columns", "check_key", "check_server", "connect", "display_dsn", "load_table",
+           "row_values", "write_batch"]
 
 
 class PostgresSinkError(EddyflowError):
@@ -206,9 +210,7 @@ class Statements:
         if got is not None:
             return got
         t = self.info
-        if (any(c not in t.columns or t.columns[c].generated for c in cols)
-                or not self.required.issubset(cols) or not set(self.key).issubset(cols)):
-            raise self.columns_error(cols, record)
+        self._check(cols, record)
         targets = sql.SQL(", ").join(map(sql.Identifier, cols))
         arrays = not any(t.columns[c].is_array for c in cols)
         if arrays:
@@ -233,6 +235,18 @@ class Statements:
         got = self._checked[cols] = (stmt, arrays, json_at)
         return got
 
+    def _check(self, cols: tuple[str, ...], record: Any) -> None:
+        t = self.info
+        if (any(c not in t.columns or t.columns[c].generated for c in cols)
+                or not self.required.issubset(cols) or not set(self.key).issubset(cols)):
+            raise self.columns_error(cols, record)
+
+    def copy(self, cols: tuple[str, ...], record: Any) -> sql.Composed:
+        """``COPY`` of rows of columns ``cols`` (checked against the table)."""
+        self._check(cols, record)
+        return sql.SQL("COPY {} ({}) FROM STDIN").format(
+            self.info.ident, sql.SQL(", ").join(map(sql.Identifier, cols)))
+
     def delete(self) -> sql.Composed:
         """``DELETE`` of the rows whose keys are given as arrays."""
         if self._delete is None:
@@ -252,31 +266,98 @@ def _json(value: Any, jsonb: bool) -> Any:
     return Jsonb(value) if jsonb else Json(value)
 
 
+def by_columns(st: Statements, rows: list[Any]) -> dict[tuple[str, ...], list[Any]]:
+    """``rows`` grouped by their columns (mostly one group)."""
+    try:
+        # C-level loops: a batch's rows mostly share their columns.
+        columns = list(map(tuple, map(dict.keys, rows)))
+    except TypeError:
+        bad = next(r for r in rows if not isinstance(r, dict))
+        raise PostgresSinkError(f"{st.who}: a record must be a dict of column -> value, "
+                                f"got {bad!r:.200}") from None
+    if len(set(columns)) == 1:
+        return {columns[0]: rows}
+    groups: dict[tuple[str, ...], list[Any]] = {}
+    for cols, r in zip(columns, rows, strict=True):
+        groups.setdefault(cols, []).append(r)
+    return groups
+
+
+def row_values(st: Statements, cols: tuple[str, ...], group: list[Any]) -> list[Any]:
+    """The values of ``group`` (records of columns ``cols``) as tuples, in
+    ``cols`` order, json values wrapped for their column."""
+    get = itemgetter(*cols)
+    values = list(map(get, group)) if len(cols) > 1 else [(v,) for v in map(get, group)]
+    columns = st.info.columns
+    json_at = [i for i, c in enumerate(cols) if columns[c].is_json]
+    if json_at:
+        jsonb = [columns[cols[i]].type == "jsonb" for i in range(len(cols))]
+        values = [tuple(_json(v, jsonb[i]) if i in json_at else v for i, v in enumerate(row))
+                  for row in values]
+    return values
+
+
+class CopyStream:
+    """An append transaction's rows as one ``COPY ... FROM STDIN``, open from
+    its first batch to its prepare: a ``COPY`` per batch would cost two round
+    trips a batch, and ``INSERT ... SELECT FROM unnest`` the dumping of its
+    arrays (``benchmarks/postgres_sink.py --methods``). Rows are formatted
+    by psycopg's formatter, which hands back data only once its buffer is
+    full: an await per buffer, not per row."""
+
+    def __init__(self, st: Statements) -> None:
+        self.st = st
+        self._stack: AsyncExitStack | None = None
+        self._copy: psycopg.AsyncCopy | None = None
+        self._cols: tuple[str, ...] | None = None
+
+    async def write(self, conn: psycopg.AsyncConnection[Any], records: list[Any]) -> None:
+        """Add ``records`` to the transaction's ``COPY`` (another one if their
+        columns differ from the last batch's)."""
+        st = self.st
+        for cols, group in by_columns(st, records).items():
+            copy = self._copy
+            if copy is None or cols != self._cols:
+                stmt = st.copy(cols, group[0])
+                await self.finish()
+                stack = AsyncExitStack()
+                cur = await stack.enter_async_context(conn.cursor())
+                copy = self._copy = await stack.enter_async_context(cur.copy(stmt))
+                self._stack, self._cols = stack, cols
+            fmt = copy.formatter
+            for row in row_values(st, cols, group):
+                data = fmt.write_row(row)
+                if data:
+                    await copy.write(data)
+
+    async def finish(self) -> None:
+        """End the ``COPY`` in progress, if any (its errors are raised here)."""
+        stack, self._stack, self._copy, self._cols = self._stack, None, None, None
+        if stack is not None:
+            await stack.aclose()
+
+    async def discard(self) -> None:
+        """Give up the ``COPY`` in progress (the transaction is rolled back)."""
+        stack, self._stack, self._copy, self._cols = self._stack, None, None, None
+        if stack is not None:
+            gone = ConnectionAbortedError("the sink's transaction is rolled back")
+            with contextlib.suppress(Exception):  # a broken connection: nothing to end
+                await stack.__aexit__(type(gone), gone, None)
+
+
 async def write_batch(conn: psycopg.AsyncConnection[Any], st: Statements,
                       records: list[Any]) -> None:
     """Write ``records`` (dicts of column -> value; in upsert mode
-    ``{"__op": "d", **key}`` deletes) in the connection's transaction."""
+    ``{"__op": "d", **key}`` deletes) in the connection's transaction, with
+    a statement per column set (and one for the deletes)."""
     if st.mode == "upsert":
         rows, deletes = _last_per_key(st, records)
     else:
         rows, deletes = records, []
     if rows:
-        groups: dict[tuple[str, ...], list[Any]] = {}
-        try:
-            for r in rows:
-                groups.setdefault(tuple(r.keys()), []).append(r)
-        except AttributeError:
-            bad = next(r for r in rows if not isinstance(r, dict))
-            raise PostgresSinkError(f"{st.who}: a record must be a dict of column -> value, "
-                                    f"got {bad!r:.200}") from None
-        for cols, group in groups.items():
-            stmt, arrays, json_at = st.insert(cols, group[0])
-            get = itemgetter(*cols)
-            values = [get(r) for r in group] if len(cols) > 1 else [(get(r),) for r in group]
-            if json_at:
-                values = [tuple(_json(v, st.info.columns[cols[i]].type == "jsonb")
-                                if i in json_at else v for i, v in enumerate(row))
-                          for row in values]
+        for cols, group in by_columns(st, rows).items():
+            stmt, arrays, _ = st.insert(cols, group[0])
+            values = row_values(st, cols, group)
             async with conn.cursor() as cur:
                 if arrays:
                     await cur.execute(stmt, [list(col) for col in zip(*values, strict=True)])
