@@ -309,3 +309,33 @@ def test_one_line_errors(postgres_dsn: str) -> None:
     with pytest.raises(ValueError, match="mode must be"):
         PostgresSink(postgres_dsn, "totals", mode="merge", key=["customer"])
     assert json.loads(json.dumps(_prepared(postgres_dsn))) == []
+
+
+def test_a_write_waiting_on_an_uncommitted_prepared_transaction_fails_after_lock_timeout(
+        postgres_dsn: str) -> None:
+    """What a checkpoint aborted after the sink's barrier leaves: its
+    transaction prepared, holding the row, which the next write of the
+    same key waits for; after ``lock_timeout`` the write fails (the job's
+    restart then rolls that transaction back) instead of waiting for ever."""
+    _sql(postgres_dsn, "CREATE TABLE totals (customer text PRIMARY KEY, total int)")
+    sink = _bind(PostgresSink(postgres_dsn, "totals", key=["customer"], lock_timeout=0.2),
+                 "j", "totals")
+
+    async def scenario() -> None:
+        await sink.recover([])
+        writer = sink.create_writer(0, 1)
+        try:
+            await writer.write([{"customer": "a", "total": 1}])
+            prepared = await writer.prepare_commit(1)  # checkpoint 1: never completes
+            assert prepared is not None and prepared[0] == f"{sink.gid_prefix()}0:1"
+            await writer.write([{"customer": "a", "total": 2}])
+        finally:
+            await writer.abort()
+        await sink.recover([])  # the restart: rolled back
+
+    with pytest.raises(PostgresSinkError, match=r"waited more than lock_timeout=0\.2 s"):
+        asyncio.run(scenario())
+    assert _prepared(postgres_dsn) != []  # the scenario stopped at the failure
+    asyncio.run(sink.recover([]))
+    assert _prepared(postgres_dsn) == []
+    assert _rows(postgres_dsn, "SELECT * FROM totals") == []

@@ -95,7 +95,12 @@ class _SinkOperator(Operator):
                  ) -> OperatorSnapshot | None:
         assert self.writer is not None
         if self.awaits:
-            committable = self._prepared.pop(checkpoint_id, None)
+            if checkpoint_id not in self._prepared:
+                # Its records would slip into the next transaction, which a
+                # restore from this checkpoint would never commit.
+                raise RuntimeError(f"sink '{self.uid}': snapshot of checkpoint "
+                                   f"{checkpoint_id} without its prepare_snapshot")
+            committable = self._prepared.pop(checkpoint_id)
         else:
             committable = self.writer.prepare_commit(checkpoint_id)
         if committable is not None:
