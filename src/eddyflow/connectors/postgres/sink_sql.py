@@ -21,9 +21,13 @@ column is written with ``executemany``.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
+import json
+import uuid
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from decimal import Decimal
 from operator import itemgetter
 from typing import Any
 
@@ -169,6 +173,20 @@ def check_key(info: TableInfo, key: Sequence[str], who: str) -> None:
             f"ALTER TABLE {info.label} ADD UNIQUE ({cols})")
 
 
+@dataclass(frozen=True)
+class Inserts:
+    """How rows of one column set are written."""
+
+    #: ``INSERT ... SELECT FROM jsonb_to_recordset``: the rows as one JSON
+    #: text, which ``json.dumps`` makes in C (``None``: a column of an array
+    #: type, which ``unnest`` would flatten too).
+    from_json: sql.Composed | None
+    #: ``INSERT ... SELECT FROM unnest`` of the columns' arrays (``arrays``),
+    #: or ``VALUES`` for ``executemany``: for rows JSON cannot carry.
+    values: sql.Composed
+    arrays: bool
+
+
 class Statements:
     """The statements of one sink's batches, made once per column set."""
 
@@ -177,7 +195,7 @@ class Statements:
         self.mode = mode
         self.key = tuple(key)
         self.who = who
-        self._checked: dict[tuple[str, ...], tuple[sql.Composed, bool, tuple[int, ...]]] = {}
+        self._checked: dict[tuple[str, ...], Inserts] = {}
         required = [c.name for c in info.columns.values() if not c.has_default]
         self.required = frozenset(required)
         self._delete: sql.Composed | None = None
@@ -201,11 +219,9 @@ class Statements:
             f"{self.who}: record {record!r:.200} lacks key column {missing[0]!r} of table "
             f"{t.label}")
 
-    def insert(self, cols: tuple[str, ...], record: Any
-               ) -> tuple[sql.Composed, bool, tuple[int, ...]]:
-        """The statement that writes rows of columns ``cols`` (checked against
-        the table the first time), whether it takes arrays (``unnest``), and
-        the positions of its json columns."""
+    def insert(self, cols: tuple[str, ...], record: Any) -> Inserts:
+        """The statements that write rows of columns ``cols`` (checked
+        against the table the first time)."""
         got = self._checked.get(cols)
         if got is not None:
             return got
@@ -213,27 +229,35 @@ class Statements:
         self._check(cols, record)
         targets = sql.SQL(", ").join(map(sql.Identifier, cols))
         arrays = not any(t.columns[c].is_array for c in cols)
+        types = [sql.SQL(t.columns[c].type) for c in cols]
+        from_json = None
         if arrays:
             source = sql.SQL("SELECT * FROM unnest({})").format(sql.SQL(", ").join(
-                sql.SQL("{}::{}[]").format(sql.Placeholder(), sql.SQL(t.columns[c].type))
-                for c in cols))
+                sql.SQL("{}::{}[]").format(sql.Placeholder(), typ) for typ in types))
+            from_json = self._upsert(sql.SQL(
+                "INSERT INTO {} ({}) SELECT {} FROM jsonb_to_recordset(%s::jsonb) AS r({})"
+            ).format(t.ident, targets, targets, sql.SQL(", ").join(
+                sql.SQL("{} {}").format(sql.Identifier(c), typ)
+                for c, typ in zip(cols, types, strict=True))), cols)
         else:
             source = sql.SQL("VALUES ({})").format(
                 sql.SQL(", ").join(sql.Placeholder() * len(cols)))
-        stmt = sql.SQL("INSERT INTO {} ({}) {}").format(t.ident, targets, source)
-        if self.mode == "upsert":
-            conflict = sql.SQL(", ").join(map(sql.Identifier, self.key))
-            rest = [c for c in cols if c not in self.key]
-            if rest:
-                sets = sql.SQL(", ").join(
-                    sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in rest)
-                stmt = sql.SQL("{} ON CONFLICT ({}) DO UPDATE SET {}").format(
-                    stmt, conflict, sets)
-            else:
-                stmt = sql.SQL("{} ON CONFLICT ({}) DO NOTHING").format(stmt, conflict)
-        json_at = tuple(i for i, c in enumerate(cols) if t.columns[c].is_json)
-        got = self._checked[cols] = (stmt, arrays, json_at)
+        stmt = self._upsert(sql.SQL("INSERT INTO {} ({}) {}").format(t.ident, targets, source),
+                            cols)
+        got = self._checked[cols] = Inserts(from_json, stmt, arrays)
         return got
+
+    def _upsert(self, insert: sql.Composed, cols: tuple[str, ...]) -> sql.Composed:
+        """``insert`` of rows of ``cols``, with ``ON CONFLICT`` in upsert mode."""
+        if self.mode != "upsert":
+            return insert
+        conflict = sql.SQL(", ").join(map(sql.Identifier, self.key))
+        rest = [c for c in cols if c not in self.key]
+        if rest:
+            sets = sql.SQL(", ").join(
+                sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in rest)
+            return sql.SQL("{} ON CONFLICT ({}) DO UPDATE SET {}").format(insert, conflict, sets)
+        return sql.SQL("{} ON CONFLICT ({}) DO NOTHING").format(insert, conflict)
 
     def _check(self, cols: tuple[str, ...], record: Any) -> None:
         t = self.info
@@ -258,6 +282,16 @@ class Statements:
             self._delete = sql.SQL("DELETE FROM {} WHERE ({}) IN (SELECT * FROM unnest({}))"
                                    ).format(t.ident, keys, arrays)
         return self._delete
+
+
+def _json_scalar(value: Any) -> str:
+    """A value JSON has no type for, as the text its column's type reads
+    (``jsonb_to_recordset`` gives a JSON string to the type's input function)."""
+    if isinstance(value, Decimal | uuid.UUID):
+        return str(value)
+    if isinstance(value, dt.date | dt.time):  # datetime included
+        return value.isoformat()
+    raise TypeError(f"no JSON text for {type(value).__name__}")
 
 
 def _json(value: Any, jsonb: bool) -> Any:
@@ -356,13 +390,22 @@ async def write_batch(conn: psycopg.AsyncConnection[Any], st: Statements,
         rows, deletes = records, []
     if rows:
         for cols, group in by_columns(st, rows).items():
-            stmt, arrays, _ = st.insert(cols, group[0])
+            how = st.insert(cols, group[0])
+            if how.from_json is not None:
+                try:
+                    text = json.dumps(group, default=_json_scalar, allow_nan=False)
+                except (TypeError, ValueError):
+                    pass  # bytes, NaN, ...: the arrays below carry them
+                else:
+                    await conn.execute(how.from_json, [text])
+                    continue
             values = row_values(st, cols, group)
             async with conn.cursor() as cur:
-                if arrays:
-                    await cur.execute(stmt, [list(col) for col in zip(*values, strict=True)])
+                if how.arrays:
+                    await cur.execute(how.values,
+                                      [list(col) for col in zip(*values, strict=True)])
                 else:
-                    await cur.executemany(stmt, values)
+                    await cur.executemany(how.values, values)
     if deletes:
         keys = list(zip(*deletes, strict=True))
         await conn.execute(st.delete(), [list(k) for k in keys])
