@@ -20,12 +20,13 @@ figure is the median over rounds of the ratio sink/copy, for ``append``
 and ``upsert`` (the goal: >= 0.5x).
 
 ``--methods`` measures the ways a sink can write a batch instead (why
-``connectors/postgres/sink_sql.py`` uses ``unnest``): ``INSERT ... SELECT
-FROM unnest(arrays)``, pipelined ``executemany``, ``COPY`` into a temporary
+``connectors/postgres/sink_sql.py`` upserts JSON and appends by one
+``COPY``): ``INSERT ... SELECT FROM jsonb_to_recordset(json)`` and ``FROM
+unnest(arrays)``, pipelined ``executemany``, ``COPY`` into a temporary
 table merged by ``INSERT ... SELECT`` (which PostgreSQL refuses to
-``PREPARE``), and for appends ``COPY`` into the table per batch or once for
-all batches (what the sink does), batches of ``--batch`` rows, ``ON
-CONFLICT`` for the upserts.
+``PREPARE``), each with ``ON CONFLICT``; for appends ``COPY`` into the
+table per batch, or once for all batches (what the sink does); batches of
+``--batch`` rows.
 
     python benchmarks/postgres_sink.py                  # 200,000 rows, 3 rounds
     python benchmarks/postgres_sink.py --rows 50000 --rounds 1
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import tempfile
 import time
@@ -124,6 +126,11 @@ async def methods(dsn: str, n: int, batch: int) -> None:
     upsert = ("ON CONFLICT (id) DO UPDATE SET customer = EXCLUDED.customer, "
               "total = EXCLUDED.total")
 
+    async def from_json(conn: psycopg.AsyncConnection[Any], b: list[Any]) -> None:
+        text = json.dumps([as_dict(r) for r in b])
+        await conn.execute("INSERT INTO m SELECT * FROM jsonb_to_recordset(%s::jsonb) AS "
+                           f"r(id int, customer text, total numeric(14,2)) {upsert}", [text])
+
     async def unnest(conn: psycopg.AsyncConnection[Any], b: list[Any]) -> None:
         columns = [list(c) for c in zip(*b, strict=True)]
         await conn.execute("INSERT INTO m SELECT * FROM unnest(%s::int[], %s::text[], "
@@ -159,6 +166,7 @@ async def methods(dsn: str, n: int, batch: int) -> None:
 
     ways: list[tuple[str, Callable[[psycopg.AsyncConnection[Any], list[Any]],
                                    Awaitable[None]]]] = [
+        ("JSON INSERT ... SELECT (upsert)", from_json),
         ("unnest INSERT ... SELECT (upsert)", unnest),
         ("pipelined executemany (upsert)", executemany),
         ("COPY into temp + merge (upsert)", temp_merge),

@@ -4,18 +4,20 @@ and unique keys, the checks run before a job starts, and the statements
 that write one batch.
 
 Appended rows go into one ``COPY ... FROM STDIN`` per transaction
-(:class:`CopyStream`). An upsert batch is written with one statement per
-kind of change: the rows' columns as arrays, ``unnest``-ed into ``INSERT
-... SELECT ... ON CONFLICT (key) DO UPDATE``, deletes as ``DELETE ...
-WHERE (key) IN (SELECT * FROM unnest(...))``: one round trip per batch,
-with no await per record. Of the ways to upsert a batch,
-``benchmarks/postgres_sink.py --methods`` measures this against pipelined
-``executemany`` (much slower: a statement per row, however pipelined) and
-``COPY`` into a temporary table merged with ``INSERT ... SELECT`` (no
-faster, and unusable here: PostgreSQL refuses to ``PREPARE`` a transaction
-that touched a temporary table). Columns of array types cannot go through
-``unnest`` (it flattens arrays of arrays): an upsert batch with such a
-column is written with ``executemany``.
+(:class:`CopyStream`). An upsert batch is one statement per column set and
+one for its deletes: the rows as one JSON text (``json.dumps``, in C) into
+``INSERT ... SELECT FROM jsonb_to_recordset(...) ON CONFLICT (key) DO
+UPDATE``, the deleted keys as arrays into ``DELETE ... WHERE (key) IN
+(SELECT * FROM unnest(...))``: a round trip per batch, no await per
+record. ``benchmarks/postgres_sink.py --methods`` measures the ways to
+upsert a batch: the JSON text is the fastest; ``unnest`` of the columns as
+arrays pays for psycopg's dumping of each element in Python (it is kept
+for values JSON cannot carry: bytes, a NaN); pipelined ``executemany`` is
+much slower (a statement per row, however pipelined); ``COPY`` into a
+temporary table merged by ``INSERT ... SELECT`` is no faster, and unusable
+here: PostgreSQL refuses to ``PREPARE`` a transaction that touched a
+temporary table. A column of an array type goes through ``VALUES`` and
+``executemany`` (``unnest`` would flatten it).
 """
 
 from __future__ import annotations
