@@ -268,10 +268,10 @@ class StreamEnvironment:
         """Refuse a second run of this environment, before anything is done
         (a refused run must not touch the checkpoint folder or the sinks of
         a first one, which may still be running). The run marks the
-        environment as executed once its arguments are checked (an execute
-        refused for a bad ``restore`` ran nothing: it may be called again),
-        with no await in between: two concurrent ``execute_async`` cannot
-        both get through."""
+        environment as executed with no await since this check, so two
+        concurrent ``execute_async`` cannot both get through, and unmarks it
+        if its ``restore`` is refused (that run ran nothing: it may be called
+        again)."""
         if self._executed is not None:
             raise RuntimeError(
                 f"this StreamEnvironment already executed job '{self._executed}'; build a "
@@ -304,8 +304,15 @@ class StreamEnvironment:
                                  checkpointing=self.checkpoint_config,
                                  restart_strategy=self.restart_strategy)
         with execution.locked():
-            execution.prepare(restore, allow_non_restored_state=allow_non_restored_state)
-            self._executed = job_name  # (no await since the check: it holds)
+            # Marked before the first await since the check (a concurrent
+            # run is refused), unmarked if the restore is refused.
+            self._executed = job_name
+            try:
+                await execution.prepare(restore,
+                                        allow_non_restored_state=allow_non_restored_state)
+            except BaseException:
+                self._executed = None
+                raise
             reporter = MetricsReporter.create(job_name, self._metric_callbacks,
                                               self._metrics_port)
             reporter.start_server()

@@ -6,10 +6,18 @@ transaction; on a barrier it *prepares* it and returns a JSON-serialisable
 *committable*; when the checkpoint completes the sink *commits* the
 committables, idempotently, since recovery commits again what a restored
 checkpoint recorded. The end of a bounded input acts as a final checkpoint.
+
+Every method that may do I/O may be a coroutine function (``async def``):
+the writer's ``write``, ``prepare_commit``, ``abort`` and ``close``, the
+sink's ``commit``, ``recover`` and ``supersede``. The runtime awaits them on
+the job's event loop, so a sink that waits for a database or a service lets
+the job's other tasks run meanwhile; synchronous methods are called as they
+are (a writer's kind is found once, when its subtask opens it).
 """
 
 from __future__ import annotations
 
+import inspect
 import secrets
 import sys
 import threading
@@ -17,15 +25,31 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, TextIO
 
-__all__ = ["ListSink", "PrintSink", "Sink", "SinkWriter"]
+__all__ = ["ListSink", "PrintSink", "Sink", "SinkWriter", "awaited"]
+
+
+async def awaited(result: Any) -> Any:
+    """``result`` of a sink method that may be a coroutine function: awaited
+    if it is an awaitable, else as it is. For the calls made once per
+    checkpoint or run (commit, recover, supersede); a writer's per-batch
+    calls are told apart once, when the writer is opened."""
+    if inspect.isawaitable(result):
+        return await result
+    return result
 
 
 class SinkWriter(ABC):
-    """Writes the records of one sink subtask."""
+    """Writes the records of one sink subtask.
+
+    Each method may be ``async def`` (see the module docstring); the runtime
+    never calls two of one writer's methods at the same time, and awaits
+    ``write`` before it takes the subtask's next input: a slow writer
+    back-pressures its inputs instead of buffering records without bound.
+    """
 
     @abstractmethod
-    def write(self, records: list[Any]) -> None:
-        """Add records to the pending transaction."""
+    def write(self, records: list[Any]) -> Any:
+        """Add records to the pending transaction (one call per batch)."""
 
     def prepare_commit(self, checkpoint_id: int) -> Any:
         """Close the pending transaction as part of checkpoint ``checkpoint_id``.
@@ -35,8 +59,15 @@ class SinkWriter(ABC):
         """
         return None
 
-    def abort(self) -> None:  # noqa: B027 - optional hook
+    def abort(self) -> Any:
         """Discard the pending transaction (the job is failing or cancelled)."""
+        return None
+
+    def close(self) -> Any:
+        """Release the writer's resources (a connection): called once, when
+        its subtask ends, after its last ``prepare_commit`` or after
+        ``abort``."""
+        return None
 
 
 class Sink(ABC):
@@ -49,20 +80,31 @@ class Sink(ABC):
         in every run of the job."""
         return type(self).__name__
 
+    def for_job(self, job: str, uid: str) -> Sink:
+        """This sink as job ``job`` runs it under operator uid ``uid``: the
+        object the runtime creates writers from and commits, recovers and
+        supersedes with. The default is the sink itself. A sink that names
+        its transactions in the external system after the job (so that
+        ``recover`` finds the job's own, and no other job's) returns a copy
+        that knows both; the runtime may call this more than once with the
+        same arguments, so the copies must behave alike."""
+        return self
+
     @abstractmethod
     def create_writer(self, subtask: int, parallelism: int) -> SinkWriter:
         """The writer of sink subtask ``subtask`` out of ``parallelism``."""
 
-    def commit(self, committables: list[Any]) -> None:  # noqa: B027 - optional hook
+    def commit(self, committables: list[Any]) -> Any:
         """Make prepared transactions visible; called again after recovery, so
         committing an already committed transaction must be a no-op."""
+        return None
 
-    def recover(self, committed: list[Any]) -> None:
+    def recover(self, committed: list[Any]) -> Any:
         """Before a (re)start: commit what the restored checkpoint recorded
         and discard every other transaction left pending by an earlier attempt."""
-        self.commit(committed)
+        return self.commit(committed)
 
-    def supersede(self, checkpoint_id: int, committables: list[Any]) -> str | None:
+    def supersede(self, checkpoint_id: int, committables: list[Any]) -> Any:
         """Take back the output committed for checkpoint ``checkpoint_id``.
 
         Called before a restore from an earlier checkpoint, which will
@@ -71,7 +113,8 @@ class Sink(ABC):
         if none of it is here (another sink object or folder, or taken back
         already). Must be idempotent, like :meth:`commit`. A sink that does
         not override this cannot take output back: a restore that would
-        need it is refused rather than emitting that output twice."""
+        need it is refused rather than emitting that output twice.
+        Returns ``str | None`` (or an awaitable of it)."""
         return None
 
 

@@ -20,7 +20,8 @@ __all__ = ["FailureReports", "TaskFailure"]
 class TaskFailure(Exception):
     """An operator failed; the message says where, ``__cause__`` says why."""
 
-    def __init__(self, message: str, operator: str, subtask: int, position: str | None) -> None:
+    def __init__(self, message: str, operator: str, subtask: int | None,
+                 position: str | None) -> None:
         super().__init__(message)
         self.operator = operator
         self.subtask = subtask

@@ -88,7 +88,8 @@ class JobRunner:
         self.restore = restore
         self.tasks: list[Task] = []
         self.sinks = {
-            n.uid: n.payload.sink for n in plan.graph.nodes if isinstance(n.payload, SinkSpec)
+            n.uid: n.payload.sink.for_job(job_name, n.uid)
+            for n in plan.graph.nodes if isinstance(n.payload, SinkSpec)
         }
         self.coordinator = CheckpointCoordinator(
             checkpointing, job_name, plan, self.sinks, next_checkpoint_id, completed_checkpoints,
@@ -191,7 +192,8 @@ class JobRunner:
                     if node.is_source:
                         continue
                     ctx = OperatorContext(node.uid, s, chain.parallelism, cfg.max_parallelism,
-                                          cfg.state_backend, checkpointing, cfg.clock)
+                                          cfg.state_backend, checkpointing, cfg.clock,
+                                          job=self.job_name)
                     ops.append(node.payload.instantiate(ctx))
                 head = nodes[0]
                 common: dict[str, Any] = dict(
@@ -242,7 +244,7 @@ class JobRunner:
 
     async def run(self) -> JobResult:
         started = time.monotonic()
-        recover_sinks(self.sinks, self.restore)
+        await recover_sinks(self.sinks, self.restore)
         tasks = self.build()
         if self.restore is not None:
             await reinject_backedge_logs(self.restore, tasks)
@@ -279,7 +281,7 @@ class JobRunner:
             closing: list[BaseException] = []
             for t in tasks:
                 try:
-                    t.close()
+                    await t.aclose()
                 except Exception as exc:
                     closing.append(exc)
             coordinator.end_run()

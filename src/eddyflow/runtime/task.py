@@ -132,6 +132,8 @@ class Task(EventTime, FailureReports, Participation, CallsInFlight):
         self._warned_sharing = False
         self.finished = False
         self._closed = False
+        #: The operators that await I/O (``Operator.awaits``, known once open).
+        self._awaiting: list[Operator] = []
         self._init_snapshots()
         self._valve = (WatermarkValve(list(self.regular), final_at_end=head_of is None)
                        if gate is not None else None)
@@ -181,6 +183,14 @@ class Task(EventTime, FailureReports, Participation, CallsInFlight):
 
     async def _emit(self, records: list[Any], span: Span | None, stages_in: list[Any],
                     timestamps: list[Any] | None = None) -> None:
+        for op in self._awaiting:
+            # A sink's asynchronous write of what the chain just gave it:
+            # awaited before the next input is taken (its back-pressure).
+            if op.io_pending:
+                try:
+                    await op.settle()
+                except Exception as exc:
+                    raise self._operator_failure(op, exc) from exc
         if not records:
             return
         given = records
@@ -264,6 +274,7 @@ class Task(EventTime, FailureReports, Participation, CallsInFlight):
         try:
             for op in self.operators:
                 op.open()
+            self._awaiting = [op for op in self.operators if op.awaits]
             if self.restore is not None:
                 self._restore(self.restore)
                 self._count_calls_in_loop()  # the records in flight it restored
@@ -282,7 +293,7 @@ class Task(EventTime, FailureReports, Participation, CallsInFlight):
             for op in self.operators:
                 op.abort()
             try:
-                self.close()
+                await self.aclose()
             except Exception as exc:  # the failure that got us here is the one to report
                 _log.warning("task %s[%d]: closing after a failure failed too: %s: %s",
                              self.name, self.subtask, type(exc).__name__, exc)
@@ -291,6 +302,26 @@ class Task(EventTime, FailureReports, Participation, CallsInFlight):
             if self.reader is not None:
                 with anyio.CancelScope(shield=True):
                     await self.reader.close()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, after the awaited closing of the operators that
+        await I/O (a sink's connection): shielded from the cancellation that
+        may be ending the job, and bounded, so that a peer that no longer
+        answers cannot hold the job's end."""
+        errors: list[BaseException] = []
+        if not self._closed:
+            for op in self._awaiting:
+                with anyio.move_on_after(_ACLOSE_TIMEOUT, shield=True) as scope:
+                    try:
+                        await op.aclose()
+                    except Exception as exc:  # close every operator, then report
+                        errors.append(exc)
+                if scope.cancelled_caught:
+                    _log.warning("task %s[%d]: operator '%s' did not close within %.0f s",
+                                 self.name, self.subtask, op.uid, _ACLOSE_TIMEOUT)
+        self.close()
+        if errors:
+            raise errors[0]
 
     def close(self) -> None:
         """Close the operators, once. A task that finished keeps them open
@@ -539,6 +570,10 @@ class Task(EventTime, FailureReports, Participation, CallsInFlight):
             await w.emit_event(END_OF_INPUT)
         self._dirty_since = 0.0
 
+
+#: Longest the awaited closing of an operator may take (seconds): a sink's
+#: connection to a server that no longer answers is given up after it.
+_ACLOSE_TIMEOUT = 10.0
 
 #: Longest a task works through a backlog of its inputs before it yields
 #: (seconds): short enough for the rest of the job, and of the program that

@@ -30,7 +30,7 @@ from eddyflow.checkpoint.metadata import (
 from eddyflow.checkpoint.metadata_builder import MetadataBuilder
 from eddyflow.checkpoint.shared import SharedStateRegistry
 from eddyflow.checkpoint.storage import CheckpointCorrupted, CheckpointStorage
-from eddyflow.connectors.sink import Sink
+from eddyflow.connectors.sink import Sink, awaited
 from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.runtime.checkpointing.barriers import CheckpointMode
 from eddyflow.runtime.checkpointing.messages import (
@@ -45,6 +45,7 @@ from eddyflow.runtime.checkpointing.messages import (
     TriggerCheckpoint,
 )
 from eddyflow.runtime.checkpointing.participant import CheckpointParticipant
+from eddyflow.runtime.failures import TaskFailure
 from eddyflow.runtime.faults import fault_point
 
 __all__ = ["CheckpointConfig", "CheckpointCoordinator"]
@@ -366,7 +367,12 @@ class CheckpointCoordinator:
             log.info("checkpoint %d complete in %.3f s", p.id, duration)
         fault_point("sink.before_commit")
         for uid, committables in by_sink.items():
-            self.sinks[uid].commit(committables)
+            try:
+                await awaited(self.sinks[uid].commit(committables))
+            except Exception as exc:
+                # Retryable: the restart's recover() commits them again.
+                raise TaskFailure(f"sink '{uid}' could not commit checkpoint {p.id}: "
+                                  f"{type(exc).__name__}: {exc}", uid, None, None) from exc
         complete = NotifyCheckpointComplete(p.id)
         for t in self.tasks:
             t.notify_checkpoint_complete(complete)

@@ -109,6 +109,7 @@ class Snapshotting:
         coordinator = self.coordinator
         assert coordinator is not None and self.finished
         self.barriers.mark_done(n)
+        await self._prepare_snapshots(n)
         snaps = self._snapshot_operators(n)
         await self._write_and_ack(n, snaps, self._final_position, 0.0, 0.0)
 
@@ -154,6 +155,7 @@ class Snapshotting:
         if coordinator is None:
             return
         t0 = time.monotonic()
+        await self._prepare_snapshots(n)
         snaps = self._snapshot_operators(n)
         sync_duration = time.monotonic() - t0
         if unaligned:
@@ -194,6 +196,16 @@ class Snapshotting:
         else:
             for w in self.writers:
                 await w.emit_event(barrier)
+
+    async def _prepare_snapshots(self, n: int) -> None:
+        """The awaited part of the barrier's work (a sink's asynchronous
+        pre-commit), operator by operator, before the synchronous phase."""
+        for op in self.operators:
+            if op.awaits:
+                try:
+                    await op.prepare_snapshot(n)
+                except Exception as exc:
+                    raise self._operator_failure(op, exc) from exc
 
     def _snapshot_operators(self, n: int) -> dict[str, OperatorSnapshot | None]:
         """The synchronous half of every operator's snapshot for checkpoint

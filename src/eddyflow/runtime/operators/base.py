@@ -54,6 +54,8 @@ class OperatorContext:
     checkpointing: bool = False
     #: Processing time (``env.set_clock``).
     clock: Clock = WALL_CLOCK
+    #: The job's name (a sink names its transactions after it: ``Sink.for_job``).
+    job: str = ""
 
     def keyed_backend(self) -> KeyedStateBackend:
         """This subtask's keyed backend: its key groups of the operator's state."""
@@ -100,6 +102,14 @@ class Operator:
     #: also hands it the keyed snapshots of every old subtask
     #: (``restore_broadcast``), whatever its key groups.
     reads_every_key_group = False
+    #: Awaits I/O, as ``open`` finds (a sink whose writer has coroutine
+    #: methods; only ever the last operator of its chain). The task then
+    #: awaits ``settle`` after a run of the chain that left ``io_pending``,
+    #: ``prepare_snapshot`` before the synchronous phase of a snapshot, and
+    #: ``aclose`` before ``close``.
+    awaits = False
+    #: ``process`` started I/O that ``settle`` awaits.
+    io_pending = False
 
     def __init__(self, ctx: OperatorContext) -> None:
         self.ctx = ctx
@@ -179,6 +189,18 @@ class Operator:
 
     def abort(self) -> None:
         """The job is failing: discard uncommitted work."""
+
+    async def settle(self) -> None:
+        """Await the I/O ``process`` started (``awaits`` operators): the
+        task's next input waits for it, which is its back-pressure."""
+
+    async def prepare_snapshot(self, checkpoint_id: int) -> None:
+        """The awaited part of checkpoint ``checkpoint_id``'s barrier, just
+        before ``snapshot`` (``awaits`` operators: a sink's pre-commit)."""
+
+    async def aclose(self) -> None:
+        """Release what only an await can (``awaits`` operators), once,
+        before ``close``; after ``abort`` if the job is failing."""
 
     # -- checkpoints -------------------------------------------------------
 

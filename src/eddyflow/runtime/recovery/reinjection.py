@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from eddyflow.connectors.sink import Sink
+from eddyflow.connectors.sink import Sink, awaited
 from eddyflow.errors import RestoreFailed
 from eddyflow.graph.logical import Partitioning
 from eddyflow.graph.plan import ExchangeSpec, ExecutionPlan
@@ -31,13 +31,13 @@ __all__ = ["ExchangeChannels", "recover_sinks", "reinject_backedge_logs",
 ExchangeChannels = Sequence[tuple[ExchangeSpec, str, Mapping[tuple[int, int], Channel]]]
 
 
-def recover_sinks(sinks: Mapping[str, Sink], restored: RestoredCheckpoint | None) -> None:
+async def recover_sinks(sinks: Mapping[str, Sink], restored: RestoredCheckpoint | None) -> None:
     """Commit what the restored checkpoint recorded (again: commits are
     idempotent) and discard every other pending transaction."""
     for uid, sink in sinks.items():
         committed = restored.committables(uid) if restored is not None else []
         try:
-            sink.recover(committed)
+            await awaited(sink.recover(committed))
         except Exception as exc:
             if restored is None:
                 raise

@@ -118,7 +118,7 @@ class JobExecution:
         #: The job's own checkpoint folder, if it checkpoints.
         self.storage = (CheckpointStorage(checkpointing.directory)
                         if checkpointing is not None else None)
-        self.sinks = {n.uid: n.payload.sink for n in plan.graph.nodes
+        self.sinks = {n.uid: n.payload.sink.for_job(job_name, n.uid) for n in plan.graph.nodes
                       if isinstance(n.payload, SinkSpec)}
         #: What the first attempt restores (set by :meth:`prepare`).
         self.restored: RestoredCheckpoint | None = None
@@ -147,7 +147,7 @@ class JobExecution:
         return [s for s in (self.storage, restored.storage if restored else None)
                 if s is not None]
 
-    def prepare(self, restore: str | os.PathLike[str] | None, *,
+    async def prepare(self, restore: str | os.PathLike[str] | None, *,
                 allow_non_restored_state: bool = False) -> None:
         """Decide what the first attempt starts from (see :func:`resolve_restore`)
         and refuse, before anything runs, a checkpoint the job cannot restore;
@@ -165,8 +165,8 @@ class JobExecution:
         self.lineage = (restored.meta.lineage if restored is not None else None) \
             or secrets.token_hex(8)
         if restored is not None:
-            supersede_later_output(restored, self.lineage, self._journals, self.sinks,
-                                   own=self._own)
+            await supersede_later_output(restored, self.lineage, self._journals, self.sinks,
+                                         own=self._own)
         if storage is not None:
             storage.ensure()
             removed = storage.clean_incomplete()
@@ -257,7 +257,7 @@ class JobExecution:
                         restored = latest
                     # The latest completed checkpoint may not verify any more:
                     # what the sinks committed after the one resumed from goes.
-                    supersede_later_output(restored, self.lineage, self._journals,
+                    await supersede_later_output(restored, self.lineage, self._journals,
                                            self.sinks, own=self._own)
                 continue
             result.restarts = restarts

@@ -28,7 +28,7 @@ from eddyflow.checkpoint.commits import CommitRecord, mark_superseded, read_comm
 from eddyflow.checkpoint.durable import fsync_dir
 from eddyflow.checkpoint.lock import FolderLock
 from eddyflow.checkpoint.storage import CheckpointCorrupted, CheckpointStorage
-from eddyflow.connectors.sink import Sink
+from eddyflow.connectors.sink import Sink, awaited
 from eddyflow.errors import RestoreRefused
 from eddyflow.runtime.recovery.restore import RestoredCheckpoint
 
@@ -113,7 +113,7 @@ def _unretire(storage: CheckpointStorage, checkpoint_id: int) -> None:
         fsync_dir(os.path.dirname(retired))
 
 
-def supersede_later_output(restored: RestoredCheckpoint | None, lineage: str | None,
+async def supersede_later_output(restored: RestoredCheckpoint | None, lineage: str | None,
                            storages: Iterable[CheckpointStorage],
                            sinks: Mapping[str, Sink], *, own: str | None = None) -> None:
     """Take back what ``sinks`` committed after ``restored`` in its
@@ -166,7 +166,7 @@ def supersede_later_output(restored: RestoredCheckpoint | None, lineage: str | N
                 taken = [c for c in committables if _canonical(c) not in kept]
                 if not taken:
                     continue
-                where = sink.supersede(record.checkpoint_id, taken)
+                where = await awaited(sink.supersede(record.checkpoint_id, taken))
                 if where is None:
                     continue  # none of that output is in this sink
                 took = True
