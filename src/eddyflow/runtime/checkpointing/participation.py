@@ -105,7 +105,10 @@ class Participation(Snapshotting):
         self.barriers.abort(n)
 
     def notify_checkpoint_complete(self, complete: NotifyCheckpointComplete) -> None:
-        """Checkpoint ``complete.checkpoint_id`` is complete: the operators learn it."""
+        """Checkpoint ``complete.checkpoint_id`` is complete: the source
+        reader and the operators learn it."""
+        if self.reader is not None:
+            self.reader.notify_checkpoint_complete(complete.checkpoint_id)
         for op in self.operators:
             op.notify_checkpoint_complete(complete.checkpoint_id)
 
