@@ -27,9 +27,11 @@ from eddyflow.connectors.splits import RestoredSplit, SourceSplit, SplitSource
 __all__ = ["TextFileSource", "TextFolderSource"]
 
 _CHUNK = 1 << 20
-#: A file in a folder is cut in ranges of at least this many bytes (a
-#: small file is one split, a large one is read by several subtasks).
+#: A file is cut in ranges of about this many bytes (a small file in a
+#: folder is one split; a large file is read by several subtasks)...
 _FOLDER_SPLIT = 8 << 20
+#: ... in this many at most.
+_MAX_RANGES = 1024
 
 
 def _check_encoding(encoding: str, path: str) -> str:
@@ -92,8 +94,8 @@ class _TextSplits(SplitSource):
 
 class TextFileSource(_TextSplits):
     """The source of ``env.read_text_file``: one record per line, the file
-    cut in as many byte ranges as the source has subtasks when the job first
-    starts (see the module docstring)."""
+    cut in byte ranges when the job first starts, one per subtask at least
+    and one per 8 MiB (see the module docstring)."""
 
     def __init__(self, path: str | os.PathLike[str], encoding: str = "utf-8") -> None:
         self.path = os.fspath(path)
@@ -111,7 +113,10 @@ class TextFileSource(_TextSplits):
                         ) -> list[SourceSplit]:
         if known:
             return []  # cut once, when the job first started
-        return _ranges(self.path, os.path.basename(self.path), parallelism, 0)
+        # At least a range per subtask; a large file in more, so that a
+        # restore at a higher parallelism still spreads it.
+        pieces = max(parallelism, min(_MAX_RANGES, -(-_file_size(self.path) // _FOLDER_SPLIT)))
+        return _ranges(self.path, os.path.basename(self.path), pieces, 0)
 
     def splits_of_subtask(self, subtask: int, parallelism: int, position: Any
                           ) -> list[RestoredSplit]:
@@ -130,11 +135,11 @@ class TextFolderSource(_TextSplits):
     """The lines of every file directly inside folder ``path`` (names that
     begin with ``.`` or ``_`` are not read: a file being written hides
     under such a name until it is renamed). Each file is read from its
-    start; a large file is cut in byte ranges of at least 8 MiB, up to one
-    per subtask. With ``monitor_interval`` (seconds) the folder is looked at
-    again while the job runs and a new file is read as it appears (the
-    source then never ends); without it, the files there when the job first
-    starts are read, and the source ends.
+    start; a large file is cut in byte ranges of about 8 MiB. With
+    ``monitor_interval`` (seconds) the folder is looked at again while the
+    job runs and a new file is read as it appears (the source then never
+    ends); without it, the files there when the job first starts are read,
+    and the source ends.
     """
 
     def __init__(self, path: str | os.PathLike[str], encoding: str = "utf-8", *,
@@ -168,7 +173,7 @@ class TextFolderSource(_TextSplits):
             path = os.path.join(self.path, name)
             if name.startswith((".", "_")) or name in seen or not os.path.isfile(path):
                 continue
-            pieces = max(1, min(parallelism, -(-_file_size(path) // _FOLDER_SPLIT)))
+            pieces = max(1, min(_MAX_RANGES, -(-_file_size(path) // _FOLDER_SPLIT)))
             # Spread a file's ranges from a subtask its name picks.
             out.extend(_ranges(path, name, pieces, zlib.crc32(name.encode())))
         return out
