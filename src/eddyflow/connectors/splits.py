@@ -248,6 +248,10 @@ class SplitsReader(SourceReader):
         self._discovered: asyncio.Future[None] | None = None
         self._waiting: asyncio.Future[None] | None = None
         self._error: Exception | None = None
+        #: Its splits not read yet (a per-split watermark waits for them),
+        #: and those read to their end, by id.
+        self.unread: set[str] = set()
+        self.finished: set[str] = set()
         for r in splits:
             sp = self._add(r.split, r.position, r.finished)
             if sp is not None and not sp.finished:
@@ -265,6 +269,7 @@ class SplitsReader(SourceReader):
             return None
         reader = None if finished else self.source.create_split_reader(split)
         sp = self._splits[split.split_id] = _Split(split, reader, position, finished)
+        (self.finished if finished else self.unread).add(split.split_id)
         return sp
 
     def _open(self) -> None:
@@ -298,6 +303,7 @@ class SplitsReader(SourceReader):
             self._current = sp
             start = reader.position()
             got = await reader.read_batch(max_records)
+            self.unread.discard(sp.split.split_id)
             if got is None:
                 ended.append(sp)
                 continue
@@ -321,6 +327,7 @@ class SplitsReader(SourceReader):
             assert reader is not None
             sp.position, sp.finished, sp.reader = reader.position(), True, None
             self._active.remove(sp)
+            self.finished.add(sp.split.split_id)
             if sp.scope is not None:
                 sp.scope.cancel()
             await reader.close()

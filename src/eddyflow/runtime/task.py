@@ -329,6 +329,11 @@ class Task(EventTime, FailureReports, Participation):
         # for at every batch).
         splits = reader if isinstance(reader, SplitsReader) else None
         start = reader.position() if splits is None else None
+        # A generator chained right after a split source: per split.
+        stamp: Any = None
+        if splits is not None and self.operators and self.operators[0].assigns_timestamps:
+            stamp = self.operators[0]
+            stamp.track_splits(splits.unread, splits.finished)
         if self._clocked:
             self._schedule_clock()
         while True:
@@ -351,6 +356,8 @@ class Task(EventTime, FailureReports, Participation):
                 if splits is not None and splits.last_span is not None:
                     sid, first, last = splits.last_span
                     span: Span = ((f"{label} split '{sid}'", first, last),)
+                    if stamp is not None:
+                        stamp.split = sid
                 else:
                     span = ((label, start, end),)
                 self._current_span = span
