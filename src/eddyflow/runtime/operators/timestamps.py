@@ -109,8 +109,12 @@ class _AssignTimestamps(Operator):
             return -math.inf  # a split not read yet may be behind the others
         finished, strategy = self._finished, self.strategy
         now = self.ctx.clock.now() if self.uses_clock else 0.0
-        marks = [g.current_watermark() for sid, (g, last) in splits.items()
-                 if sid not in finished and not (self.uses_clock and strategy.is_idle(last, now))]
+        marks = []
+        for sid, (g, last) in list(splits.items()):
+            if sid in finished:
+                del splits[sid]  # read to its end: it holds nothing back any more
+            elif not (self.uses_clock and strategy.is_idle(last, now)):
+                marks.append(g.current_watermark())
         return min(marks) if marks else -math.inf
 
     def next_processing_time(self) -> float | None:
