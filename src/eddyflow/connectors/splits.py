@@ -93,7 +93,7 @@ class SplitSource(Source):
         """The splits there are now that are not among ``known`` (by id,
         or by what they cover: a file already split is not split again).
 
-        Called once when the job starts, on the caller's side, with the
+        Called when an attempt of the job starts, on the caller's side, with the
         splits a restored checkpoint recorded (none on a fresh start), and
         then, if ``discovery_interval`` is set, by every source subtask in a
         worker thread with the splits it knows. Two calls that see the same
@@ -121,10 +121,10 @@ class SplitSource(Source):
 
     def initial_splits(self, subtask: int, parallelism: int) -> list[SourceSplit]:
         """The splits subtask ``subtask`` of ``parallelism`` reads on a fresh
-        start, in id order."""
+        start, by index (then id)."""
         found = self.discover_splits([], parallelism)
         return sorted((s for s in found if split_owner(s, parallelism) == subtask),
-                      key=lambda s: s.split_id)
+                      key=lambda s: (s.index is None, s.index or 0, s.split_id))
 
     def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
         """What subtask ``subtask`` of ``parallelism`` reads on a fresh
