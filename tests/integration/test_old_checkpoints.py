@@ -7,9 +7,8 @@ change what a checkpoint on disk means. Each is restored at its own
 parallelism and at another (its source too: the fixtures record a position
 per source subtask, which a split source maps to its slices), and the job
 then runs to the end of its input: the final keyed state must be that of a
-run over the whole input, and every
-window fired after the restore must hold every record of its window, those
-before the checkpoint included."""
+run over the whole input, and every window fired after the restore must
+hold every record of its window, those before the checkpoint included."""
 
 from __future__ import annotations
 
