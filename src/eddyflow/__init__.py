@@ -15,6 +15,8 @@ from eddyflow.connectors import (
     SinkWriter,
     Source,
     SourceReader,
+    SourceSplit,
+    SplitSource,
 )
 from eddyflow.connectors.log import Log
 from eddyflow.datastream import DataStream, IterativeStream, KeyedStream
@@ -106,6 +108,8 @@ __all__ = [
     "SlidingEventTimeWindows",
     "Source",
     "SourceReader",
+    "SourceSplit",
+    "SplitSource",
     "StateBackend",
     "StateTtl",
     "StreamEnvironment",

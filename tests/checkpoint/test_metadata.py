@@ -261,7 +261,9 @@ def test_metadata_format_1_still_restores(checkpoints: Path, tmp_path: Path,
     shutil.copytree(checkpoints, directory)
     infos = ef.list_checkpoints(directory)
     # One taken half-way: restored state and replayed input must add up.
-    info = next(i for i in infos if 0 < int(i.meta.operators["src"].subtasks[0].position) < N
+    # (from_collection is a split source: its one slice's position.)
+    info = next(i for i in infos
+                if 0 < int(i.meta.operators["src"].subtasks[0].position["slice-0"]) < N
                 and any(p.keyed is not None and p.keyed.entries
                         for p in i.meta.operators["count"].subtasks.values()))
     to_format_1(directory, info.id)
@@ -279,7 +281,7 @@ def test_metadata_format_1_still_restores(checkpoints: Path, tmp_path: Path,
     # Without key groups on record, every old subtask may hold some of ours.
     assert restored.keyed_handles("count", range(0, 1)) == handles
 
-    position = int(meta.operators["src"].subtasks[0].position)
+    position = int(meta.operators["src"].subtasks[0].position["slice-0"])
     result = run(tmp_path / "new", ef.ListSink(), count_parallelism=count_parallelism,
                  restore=str(directory / checkpoint_dir_name(info.id)))
     assert result.records_out["src"] == N - position

@@ -4,10 +4,11 @@ The folders under ``tests/fixtures/old_checkpoints`` were written by main
 before issue 27 moved the code into its present layout (see
 ``make_fixtures.py`` there): a moved module or a renamed class must not
 change what a checkpoint on disk means. Each is restored at its own
-parallelism and at another, and the job then runs to the end of its input:
-the final keyed state must be that of a run over the whole input, and every
-window fired after the restore must hold every record of its window, those
-before the checkpoint included."""
+parallelism and at another (its source too: the fixtures record a position
+per source subtask, which a split source maps to its slices), and the job
+then runs to the end of its input: the final keyed state must be that of a
+run over the whole input, and every window fired after the restore must
+hold every record of its window, those before the checkpoint included."""
 
 from __future__ import annotations
 
@@ -53,9 +54,10 @@ def window_sums(total: int) -> dict[tuple[int, float], int]:
     return dict(sums)
 
 
-@pytest.mark.parametrize("parallelism", [2, 3])
+@pytest.mark.parametrize(("parallelism", "source_parallelism"), [(2, 1), (3, 1), (3, 2)])
 @pytest.mark.parametrize("kind", ["memory", "rocksdb"])
-def test_an_old_checkpoint_restores(tmp_path: Path, kind: str, parallelism: int) -> None:
+def test_an_old_checkpoint_restores(tmp_path: Path, kind: str, parallelism: int,
+                                    source_parallelism: int) -> None:
     chk = tmp_path / "chk"
     shutil.copytree(FIXTURES / kind, chk)
     (restored,) = [p for p in chk.iterdir() if p.name.startswith("chk-")]
@@ -63,7 +65,10 @@ def test_an_old_checkpoint_restores(tmp_path: Path, kind: str, parallelism: int)
     env.enable_checkpointing(interval=60.0, directory=str(chk))
     env.set_state_backend(old_job.backends(tmp_path)[kind])
     windows, profiles = ef.ListSink(), ef.ListSink()
-    old_job.build(env, old_job.TOTAL, profiles=profiles, windows=windows)
+    # The source, a split source now, restores at another parallelism too:
+    # its position per subtask becomes a slice's.
+    old_job.build(env, old_job.TOTAL, profiles=profiles, windows=windows,
+                  source_parallelism=source_parallelism)
     result = env.execute(f"old-{kind}", restore=str(restored))
 
     expected = reference(old_job.TOTAL)

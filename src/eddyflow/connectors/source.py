@@ -115,6 +115,37 @@ class SourceReader(ABC):
         """How a position reads in an error message."""
         return f"position {position!r}"
 
+    def snapshot_position(self, checkpoint_id: int) -> Any:
+        """The position checkpoint ``checkpoint_id`` records for this reader
+        (Flink's ``SourceReader.snapshotState(checkpointId)``): the source
+        task calls it when it emits that checkpoint's barrier, between two
+        batches. The default is :meth:`position`; a reader that
+        acknowledges positions in :meth:`notify_checkpoint_complete`
+        overrides it to remember which position went into which checkpoint
+        (:meth:`position` itself is also called between batches, for error
+        messages, and says nothing about checkpoints)."""
+        return self.position()
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:  # noqa: B027 - optional hook
+        """Checkpoint ``checkpoint_id``, which recorded this reader's
+        position, is complete (Flink's ``SourceReader.notifyCheckpointComplete``).
+
+        The source task calls it on the job's event loop once the
+        checkpoint's metadata is durable, as the sink operator's commit is
+        called: a reader of a system that keeps a consumer's progress on its
+        side (a replication slot, a consumer group's committed offset) may
+        now acknowledge the position it reported for that checkpoint (in
+        :meth:`snapshot_position`), and no
+        earlier, since a restore goes back to the last completed checkpoint.
+        Completions arrive in checkpoint order, but a reader may miss some
+        (a checkpoint completes while the job fails): acknowledge everything
+        up to the newest one notified. A reader whose input ended is told
+        of the checkpoints that complete after (they hold its final
+        position), even once :meth:`close` has run. It must not block: a reader that
+        acknowledges over the network records the id here and lets its
+        :meth:`fetch` do the round trip. The default does nothing.
+        """
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release files, connections or background tasks."""
 

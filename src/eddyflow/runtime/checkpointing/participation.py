@@ -105,7 +105,10 @@ class Participation(Snapshotting):
         self.barriers.abort(n)
 
     def notify_checkpoint_complete(self, complete: NotifyCheckpointComplete) -> None:
-        """Checkpoint ``complete.checkpoint_id`` is complete: the operators learn it."""
+        """Checkpoint ``complete.checkpoint_id`` is complete: the source
+        reader and the operators learn it."""
+        if self.reader is not None:
+            self.reader.notify_checkpoint_complete(complete.checkpoint_id)
         for op in self.operators:
             op.notify_checkpoint_complete(complete.checkpoint_id)
 
@@ -141,7 +144,8 @@ class Participation(Snapshotting):
         self.barriers.on_injected(barrier.checkpoint_id)
         if unaligned:
             barrier = replace(barrier, unaligned=True)
-        await self.take_checkpoint(barrier, position=reader.position(), unaligned=unaligned)
+        await self.take_checkpoint(barrier, position=reader.snapshot_position(
+            barrier.checkpoint_id), unaligned=unaligned)
         coordinator = self.coordinator
         if coordinator is not None and coordinator.synchronous:
             await coordinator.wait_resumed()  # stop the world until it completes
