@@ -115,6 +115,15 @@ class SourceReader(ABC):
         """How a position reads in an error message."""
         return f"position {position!r}"
 
+    def snapshot_position(self, checkpoint_id: int) -> Any:
+        """The position recorded for this reader in checkpoint
+        ``checkpoint_id`` (Flink's ``SourceReader.snapshotState``): called
+        by the source task at the barrier, between two reads. A reader that
+        acknowledges positions in :meth:`notify_checkpoint_complete` notes
+        here which position the checkpoint holds. The default is
+        :meth:`position`."""
+        return self.position()
+
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:  # noqa: B027 - optional hook
         """Checkpoint ``checkpoint_id``, which recorded this reader's
         position, is complete (Flink's ``SourceReader.notifyCheckpointComplete``).

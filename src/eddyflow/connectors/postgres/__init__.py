@@ -7,4 +7,6 @@ Needs the ``postgres`` extra (``pip install 'eddyflow[postgres]'``: psycopg 3).
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from eddyflow.connectors.postgres.cdc import PostgresCdcError, PostgresCdcSource
+
+__all__: list[str] = ["PostgresCdcError", "PostgresCdcSource"]
