@@ -324,8 +324,13 @@ class PostgresCdcReader(SourceReader):
     async def _run(self, conn: psycopg.AsyncConnection[Any]) -> ReplicationStream | None:
         src = self.source
         infos, relations, publication = await self._prepare(conn)
+        restored = self._pos["lsn"] is not None
         lsn, skip, progress = await self._start_position(conn, infos)
         stream = await ReplicationStream.start(src.dsn, src.slot, publication, lsn)
+        if restored:
+            # A restored position is a completed checkpoint's: acknowledged
+            # now, also when the run that took it ended before it could.
+            self._buf.ack = max(self._buf.ack, lsn)
         state = _FetchState(self._buf, src, conn, stream, Decoder(relations), infos, lsn, skip,
                             progress)
         await state.run()
@@ -379,7 +384,6 @@ class _FetchState:
     async def run(self) -> None:
         buf = self.buf
         src = self.source
-        until = src.until_lsn
         loop = asyncio.get_running_loop()
         while not self.ended:
             # Made before the work: a poke (records taken, a checkpoint
@@ -399,6 +403,7 @@ class _FetchState:
                 # the stream is busy, and the stream while the snapshot is.
                 await self._read_chunk()
                 worked = True
+            until = src.until_lsn  # may be set while the job runs
             if until is not None and self.lsn >= until and self.begin is None \
                     and self.held is None and (p is None or p.next_table() is None):
                 self.ended = True

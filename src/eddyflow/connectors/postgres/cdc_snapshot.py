@@ -68,9 +68,13 @@ class PgSnapshot:
     def visible(self, xid: int) -> bool:
         """Whether the committed transaction ``xid`` (32 bits, as the
         stream carries it) is visible to this snapshot."""
+        # The stream's xids are 32 bits: widened with xmax's epoch, to the
+        # one within half the xid space of xmax (as PostgreSQL compares them).
         full = (self.xmax & ~(_XID_WRAP - 1)) | xid
-        if full > self.xmax:
+        if full > self.xmax + _XID_WRAP // 2:
             full -= _XID_WRAP
+        elif full < self.xmax - _XID_WRAP // 2:
+            full += _XID_WRAP
         return full < self.xmin or (full < self.xmax and full not in self.xip)
 
     def settled_after(self, earlier: PgSnapshot) -> bool:
