@@ -43,11 +43,11 @@ def run_cdc(source: PostgresCdcSource, chk: Path | None = None, restore: str | N
     """Runs source -> (FailingMap) -> ListSink; the committed records."""
     env = ef.StreamEnvironment(parallelism=1)
     if chk is not None:
-        env.enable_checkpointing(0.05, directory=str(chk))
+        env.enable_checkpointing(0.05, directory=str(chk), retained=100_000)
     if fail is not None:
         env.set_restart_strategy(ef.FixedDelayRestart(attempts=10, delay=0.0))
     sink = ef.ListSink()
-    stream = env.from_source(source)
+    stream = env.from_source(source).name("cdc")
     if fail is not None:
         stream = stream.map(fail)
     stream.sink_to(sink)
