@@ -59,7 +59,8 @@ def test_missing_privileges(postgres_dsn: str) -> None:
 
 def test_slot_held_by_another_reader(postgres_dsn: str) -> None:
     sql(postgres_dsn, "CREATE TABLE t (id int PRIMARY KEY)")
-    src = PostgresCdcSource(postgres_dsn, ["t"], slot="held", snapshot=False, until_lsn=0)
+    src = PostgresCdcSource(postgres_dsn, ["t"], slot="held", snapshot=False, until_lsn=0,
+                            slot_wait=0.2)
     run_cdc(src)
     other = psycopg.connect(postgres_dsn, autocommit=True, replication="database")
     try:

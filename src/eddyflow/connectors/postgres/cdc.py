@@ -75,14 +75,16 @@ class PostgresCdcSource(Source):
     at a time. ``until_lsn``: end once every change committed before this
     WAL position is emitted (a bounded read; ``None``: never end).
     ``status_interval``: seconds between status updates to the server (it
-    drops a silent stream after ``wal_sender_timeout``).
+    drops a silent stream after ``wal_sender_timeout``). ``slot_wait``:
+    seconds to wait for a slot held by another reader (the server process of
+    a job that was just killed holds it until it notices) before failing.
     """
 
     max_parallelism = 1
 
     def __init__(self, dsn: str, tables: Sequence[str], slot: str, publication: str | None = None,
                  snapshot: bool = True, *, chunk_size: int = 8192, until_lsn: int | None = None,
-                 status_interval: float = 10.0) -> None:
+                 status_interval: float = 10.0, slot_wait: float = 30.0) -> None:
         if isinstance(tables, str) or not tables:
             raise ValueError(f"PostgresCdcSource: tables must be a non-empty list of "
                              f"table names, got {tables!r}")
@@ -99,6 +101,7 @@ class PostgresCdcSource(Source):
         self.chunk_size = chunk_size
         self.until_lsn = until_lsn
         self.status_interval = status_interval
+        self.slot_wait = slot_wait
         #: Every snapshot chunk read by this source's readers: (table, key
         #: it was read after or ``None``, rows), for diagnostics and tests.
         self.chunks_read: list[tuple[str, list[str] | None, int]] = []
@@ -302,7 +305,7 @@ class PostgresCdcReader(SourceReader):
         src = self.source
         pos = self._pos
         if pos["lsn"] is None:
-            lsn, _ = await ensure_slot(conn, src.slot)
+            lsn, _ = await ensure_slot(conn, src.slot, src.slot_wait)
             progress = None
             if src.snapshot:
                 progress = SnapshotProgress(infos)
@@ -310,7 +313,7 @@ class PostgresCdcReader(SourceReader):
             self._pos = {"lsn": lsn, "skip": 0,
                          "snapshot": None if progress is None else progress.to_json()}
             return lsn, 0, progress
-        await check_restore(conn, src.slot, pos["lsn"])
+        await check_restore(conn, src.slot, pos["lsn"], src.slot_wait)
         snap = pos.get("snapshot")
         if snap is None:
             return pos["lsn"], pos.get("skip", 0), None

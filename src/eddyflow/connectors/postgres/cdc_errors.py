@@ -3,6 +3,8 @@ the setting, table, publication, role or slot at fault."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -112,6 +114,20 @@ async def _slot(conn: AsyncConnection[Any], slot: str) -> tuple[Any, ...] | None
     return await cur.fetchone()
 
 
+async def _wait_free(conn: AsyncConnection[Any], slot: str, wait: float) -> tuple[Any, ...] | None:
+    """The slot's row once no process holds it, or after ``wait`` seconds:
+    the server process of a reader that was just killed only lets go of the
+    slot once it notices that its client is gone."""
+    deadline = time.monotonic() + wait
+    delay = 0.01
+    while True:
+        row = await _slot(conn, slot)
+        if row is None or row[1] is None or time.monotonic() >= deadline:
+            return row
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.5)
+
+
 async def _check_free(conn: AsyncConnection[Any], slot: str, row: tuple[Any, ...]) -> None:
     plugin, pid, _, wal_status, datname = row
     if plugin != "pgoutput":
@@ -132,10 +148,11 @@ async def _check_free(conn: AsyncConnection[Any], slot: str, row: tuple[Any, ...
             "(wal_status = lost: max_slot_wal_keep_size was exceeded); drop it and start over")
 
 
-async def ensure_slot(conn: AsyncConnection[Any], slot: str) -> tuple[int, bool]:
+async def ensure_slot(conn: AsyncConnection[Any], slot: str, wait: float) -> tuple[int, bool]:
     """The slot's confirmed position, creating the slot (``pgoutput``) if
-    missing; and whether it was created now."""
-    row = await _slot(conn, slot)
+    missing; and whether it was created now. A slot in use is waited for up
+    to ``wait`` seconds."""
+    row = await _wait_free(conn, slot, wait)
     if row is None:
         created = await _one(
             conn, "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')",
@@ -145,9 +162,10 @@ async def ensure_slot(conn: AsyncConnection[Any], slot: str) -> tuple[int, bool]
     return parse_lsn(row[2]), False
 
 
-async def check_restore(conn: AsyncConnection[Any], slot: str, lsn: int) -> None:
-    """A restore at checkpoint position ``lsn`` needs the slot, not advanced past it."""
-    row = await _slot(conn, slot)
+async def check_restore(conn: AsyncConnection[Any], slot: str, lsn: int, wait: float) -> None:
+    """A restore at checkpoint position ``lsn`` needs the slot, not advanced
+    past it (and free: waited for up to ``wait`` seconds)."""
+    row = await _wait_free(conn, slot, wait)
     if row is None:
         raise PostgresCdcError(
             f"PostgresCdcSource: cannot resume at the checkpoint's LSN {format_lsn(lsn)}: "
