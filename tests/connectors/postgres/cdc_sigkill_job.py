@@ -6,7 +6,8 @@ or delete retracts its before-image) -> running totals per customer ->
 
 Settings: ``EF_CDC_DSN`` (the database), ``EF_CDC_UNTIL`` (a file: once it
 appears, its LSN is where the job ends; unset: run until killed),
-``EF_CDC_CHUNK`` (snapshot chunk size), ``EF_SIGKILL_OUT`` (totals folder), ``EF_CDC_CHANGES`` (changes folder),
+``EF_CDC_CHUNK`` (snapshot chunk size), ``EF_SIGKILL_OUT`` (totals folder),
+``EF_CDC_CHANGES`` (changes folder),
 ``EF_SIGKILL_CHK`` (checkpoints), ``EF_SIGKILL_INTERVAL`` (seconds).
 """
 
