@@ -38,13 +38,15 @@ from eddyflow.connectors.postgres.cdc_errors import (
     qualified_names,
 )
 from eddyflow.connectors.postgres.cdc_protocol import (
+    XLOGDATA_PAYLOAD,
     Begin,
     Change,
     Commit,
     Decoder,
     RelationCache,
     format_lsn,
-    parse_frame,
+    keepalive,
+    xlogdata_start,
 )
 from eddyflow.connectors.postgres.cdc_snapshot import (
     Chunk,
@@ -429,26 +431,30 @@ class _FetchState:
         """Handles up to ``most`` frames received; whether there were any."""
         n = 0
         until = self.source.until_lsn
+        decode = self.decoder.decode
+        infos = self.infos
         while n < most and self.held is None:
             frame = self.stream.read()
             if frame is None:
                 break
             n += 1
-            kind, start, end, payload, reply = parse_frame(memoryview(frame))
-            if kind == "k":
+            frame = bytes(frame)
+            if frame[0] == 107:  # 'k': keepalive
+                end, reply = keepalive(frame)
                 if reply:
                     await self.stream.send_status(self.acked)
                 if self.begin is None and self.held is None and end > self.lsn:
                     self._advance(end)
                 continue
-            assert payload is not None
-            msg = self.decoder.decode(payload, start)
-            if isinstance(msg, Change):
-                if self.begin is not None and msg.relation.name in self.infos:
+            if frame[0] != 119:  # 'w': XLogData
+                raise ValueError(f"replication stream: unexpected message {frame[:1]!r}")
+            msg = decode(frame, XLOGDATA_PAYLOAD, xlogdata_start(frame))
+            if type(msg) is dict:
+                if self.begin is not None and msg["table"] in infos:
                     self.changes.append(msg)
             elif isinstance(msg, list):
                 if self.begin is not None:
-                    self.changes.extend(c for c in msg if c.relation.name in self.infos)
+                    self.changes.extend(c for c in msg if c["table"] in infos)
             elif isinstance(msg, Begin):
                 self.begin = msg
                 self.changes = []
@@ -482,8 +488,7 @@ class _FetchState:
         records: list[dict[str, Any]] = []
         after = progress
         if progress is None:
-            for c in changes:
-                records.append(_envelope(c.op, c, c.before, c.after, begin))
+            records = changes
         else:
             if self._blocked(begin, changes, progress):
                 self.held = (begin, changes, commit)
@@ -504,47 +509,47 @@ class _FetchState:
         self.progress = after
 
     def _keys(self, c: Change) -> list[tuple[Any, ...]]:
-        info = self.infos[c.relation.name]
+        info = self.infos[c["table"]]
         keys = []
-        if c.before is not None:
-            keys.append(info.key_of(c.before))
-        if c.after is not None:
-            k = info.key_of(c.after)
+        if c["before"] is not None:
+            keys.append(info.key_of(c["before"]))
+        if c["after"] is not None:
+            k = info.key_of(c["after"])
             if not keys or keys[0] != k:
                 keys.append(k)
         return keys
 
     def _blocked(self, begin: Begin, changes: list[Change], p: SnapshotProgress) -> bool:
         for c in changes:
-            if c.op == "t":
-                if p.decide_truncate(c.relation.name, begin.xid) is Decision.BLOCK:
+            if c["op"] == "t":
+                if p.decide_truncate(c["table"], begin.xid) is Decision.BLOCK:
                     return True
-            elif any(p.decide(c.relation.name, k, begin.xid) is Decision.BLOCK
+            elif any(p.decide(c["table"], k, begin.xid) is Decision.BLOCK
                      for k in self._keys(c)):
                 return True
         return False
 
     def _decide(self, begin: Begin, c: Change, p: SnapshotProgress,
                 records: list[dict[str, Any]]) -> None:
-        table = c.relation.name
-        if c.op == "t":
+        table = c["table"]
+        if c["op"] == "t":
             d = p.decide_truncate(table, begin.xid)
             if d is Decision.RESTART:
                 p.restart(table)
             if d is not Decision.DROP:
-                records.append(_envelope("t", c, None, None, begin))
+                records.append(c)
             return
         keys = self._keys(c)
         ds = [p.decide(table, k, begin.xid) for k in keys]
         if all(d is Decision.EMIT for d in ds):
-            records.append(_envelope(c.op, c, c.before, c.after, begin))
+            records.append(c)
         elif len(ds) == 2:
             # An update that moved a row to another key, one end read and one
             # not: its halves as a delete and an insert, each where due.
             if ds[0] is Decision.EMIT:
-                records.append(_envelope("d", c, c.before, None, begin))
+                records.append({**c, "op": "d", "after": None})
             if ds[1] is Decision.EMIT:
-                records.append(_envelope("c", c, None, c.after, begin))
+                records.append({**c, "op": "c", "before": None})
 
     async def _read_chunk(self) -> None:
         p = self.progress
@@ -570,9 +575,3 @@ class _FetchState:
             if not self._blocked(begin, changes, new):
                 self.held = None
                 self._commit(begin, changes, commit)
-
-
-def _envelope(op: str, c: Change, before: dict[str, Any] | None, after: dict[str, Any] | None,
-              begin: Begin) -> dict[str, Any]:
-    return {"op": op, "table": c.relation.name, "before": before, "after": after,
-            "lsn": c.lsn, "commit_time": begin.commit_time}
