@@ -7,12 +7,14 @@ or delete retracts its before-image) -> running totals per customer ->
 Settings: ``EF_CDC_DSN`` (the database), ``EF_CDC_UNTIL`` (a file: once it
 appears, its LSN is where the job ends; unset: run until killed),
 ``EF_CDC_CHUNK`` (snapshot chunk size), ``EF_SIGKILL_OUT`` (totals folder),
-``EF_CDC_CHANGES`` (changes folder),
+``EF_CDC_CHANGES`` (changes folder), ``EF_CDC_CHUNKS`` (a file the snapshot
+chunks read are logged to, each line prefixed by the process id),
 ``EF_SIGKILL_CHK`` (checkpoints), ``EF_SIGKILL_INTERVAL`` (seconds).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -54,6 +56,13 @@ def end_at(source: PostgresCdcSource, path: Path) -> None:
 
 
 def build(env: ef.StreamEnvironment) -> None:
+    chunks = os.environ.get("EF_CDC_CHUNKS")
+    if chunks:
+        handler = logging.FileHandler(chunks)
+        handler.setFormatter(logging.Formatter(f"{os.getpid()} %(message)s"))
+        log = logging.getLogger("eddyflow.postgres.cdc")
+        log.setLevel(logging.DEBUG)
+        log.addHandler(handler)
     env.enable_checkpointing(float(os.environ.get("EF_SIGKILL_INTERVAL", "0.05")),
                              directory=os.environ["EF_SIGKILL_CHK"])
     source = PostgresCdcSource(os.environ["EF_CDC_DSN"], ["public.orders"], slot="orders",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import logging
 import time
 from collections.abc import Sequence
@@ -62,7 +63,8 @@ from eddyflow.connectors.source import Source, SourceReader
 
 __all__ = ["PostgresCdcError", "PostgresCdcReader", "PostgresCdcSource"]
 
-_log = logging.getLogger("eddyflow")
+#: Each snapshot chunk read is logged here at DEBUG level.
+_log = logging.getLogger("eddyflow.postgres.cdc")
 
 
 class PostgresCdcSource(Source):
@@ -562,7 +564,7 @@ class _FetchState:
         chunk = await read_chunk(self.conn, i, info, after_key, self.source.chunk_size)
         self.source.chunks_read.append((info.name, after_key, len(chunk.rows)))
         _log.debug("%s: read %d rows of %s after key %s", self.source.name, len(chunk.rows),
-                   info.name, after_key)
+                   info.name, json.dumps(after_key))
         records = [{"op": "r", "table": info.name, "before": None, "after": row,
                     "lsn": chunk.lsn, "commit_time": None} for row in chunk.rows]
         new = p.copy()
