@@ -410,6 +410,11 @@ class _FetchState:
                 # the stream is busy, and the stream while the snapshot is.
                 await self._read_chunk()
                 worked = True
+            elif p is not None and self.held is not None:
+                # Every table read, but a truncate of one waits for a
+                # snapshot that sees it: a newer one, without a chunk.
+                await self._refresh_snapshot()
+                worked = True
             until = src.until_lsn  # may be set while the job runs
             if until is not None and self.lsn >= until and self.begin is None \
                     and self.held is None and (p is None or p.next_table() is None):
@@ -424,6 +429,8 @@ class _FetchState:
                     if not waiter.done():
                         waiter.cancel()
                         await asyncio.gather(waiter, return_exceptions=True)
+                    else:
+                        waiter.result()  # the connection's failure, raised
                 else:
                     await asyncio.wait((wake,), timeout=timeout)
         buf.done = True
@@ -552,6 +559,19 @@ class _FetchState:
                 records.append({**c, "op": "d", "after": None})
             if ds[1] is Decision.EMIT:
                 records.append({**c, "op": "c", "before": None})
+
+    async def _refresh_snapshot(self) -> None:
+        p = self.progress
+        assert p is not None and self.held is not None
+        new = p.copy()
+        new.latest = await _current_snapshot(self.conn)
+        self.progress = new
+        begin, changes, commit = self.held
+        if not self._blocked(begin, changes, new):
+            self.held = None
+            self._commit(begin, changes, commit)
+        else:
+            await asyncio.sleep(0.001)  # not yet visible to new snapshots
 
     async def _read_chunk(self) -> None:
         p = self.progress
