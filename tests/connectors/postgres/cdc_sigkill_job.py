@@ -4,8 +4,9 @@ or delete retracts its before-image) -> running totals per customer ->
 ``FileSink``; and every change's identity ``[id, op, lsn]`` -> another
 ``FileSink``.
 
-Settings: ``EF_CDC_DSN`` (the database), ``EF_CDC_UNTIL`` (a file: once it
-appears, its LSN is where the job ends; unset: run until killed),
+Settings: ``EF_CDC_DSN`` (the database), ``EF_CDC_SLOT`` (the slot),
+``EF_CDC_UNTIL`` (a file: once it appears, its LSN is where the job ends;
+unset: run until killed),
 ``EF_CDC_CHUNK`` (snapshot chunk size), ``EF_SIGKILL_OUT`` (totals folder),
 ``EF_CDC_CHANGES`` (changes folder), ``EF_CDC_CHUNKS`` (a file the snapshot
 chunks read are logged to, each line prefixed by the process id),
@@ -65,7 +66,8 @@ def build(env: ef.StreamEnvironment) -> None:
         log.addHandler(handler)
     env.enable_checkpointing(float(os.environ.get("EF_SIGKILL_INTERVAL", "0.05")),
                              directory=os.environ["EF_SIGKILL_CHK"])
-    source = PostgresCdcSource(os.environ["EF_CDC_DSN"], ["public.orders"], slot="orders",
+    source = PostgresCdcSource(os.environ["EF_CDC_DSN"], ["public.orders"],
+                               slot=os.environ["EF_CDC_SLOT"],
                                chunk_size=int(os.environ.get("EF_CDC_CHUNK", "500")))
     until = os.environ.get("EF_CDC_UNTIL")
     if until:

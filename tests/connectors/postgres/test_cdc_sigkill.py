@@ -79,7 +79,8 @@ def test_cdc_totals_exactly_once_under_sigkill(postgres_dsn: str, tmp_path: Path
         "INSERT INTO orders SELECT g, 'c' || (g % 20), g % 97 FROM generate_series(1, 20000) g")
     out, changes, chk = tmp_path / "out", tmp_path / "changes", tmp_path / "chk"
     job = JobProcess(JOB, tmp_path, tmp_path / "unused-log", out, chk, 0.0)
-    job.env.update(EF_CDC_DSN=postgres_dsn, EF_CDC_CHANGES=str(changes), EF_CDC_CHUNK="500")
+    job.env.update(EF_CDC_SLOT="kill_totals",
+                   EF_CDC_DSN=postgres_dsn, EF_CDC_CHANGES=str(changes), EF_CDC_CHUNK="500")
     stop = threading.Event()
     writer = threading.Thread(target=workload, args=(postgres_dsn, stop, rnd))
     writer.start()

@@ -51,6 +51,7 @@ def chunk_reads(log: Path) -> dict[int, list[list[str] | None]]:
 
 
 def kill_mid_snapshot(dsn: str, tmp_path: Path, rows: int, chunk: int) -> None:
+    slot = f"kill_snapshot_{rows}"
     sql(dsn, "CREATE TABLE orders (id int PRIMARY KEY, customer text NOT NULL, "
              "amount int NOT NULL)",
         "ALTER TABLE orders REPLICA IDENTITY FULL",
@@ -61,7 +62,8 @@ def kill_mid_snapshot(dsn: str, tmp_path: Path, rows: int, chunk: int) -> None:
     until = tmp_path / "until"
     until.write_text(str(wal_lsn(dsn)))
     job = JobProcess(JOB, tmp_path, tmp_path / "unused-log", out, chk, 0.0)
-    job.env.update(EF_CDC_DSN=dsn, EF_CDC_CHANGES=str(changes), EF_CDC_CHUNK=str(chunk),
+    job.env.update(EF_CDC_SLOT=slot, EF_CDC_DSN=dsn,
+                   EF_CDC_CHANGES=str(changes), EF_CDC_CHUNK=str(chunk),
                    EF_CDC_CHUNKS=str(log), EF_CDC_UNTIL=str(until), EF_SIGKILL_INTERVAL="0.2")
     proc, stderr = job.start()
     deadline = time.monotonic() + RUN_TIMEOUT
