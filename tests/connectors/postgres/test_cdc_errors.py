@@ -99,3 +99,18 @@ def test_restore_needing_wal_the_server_no_longer_keeps(postgres_dsn: str, tmp_p
                    r"is at [0-9A-F]+/[0-9A-F]+, past it"
     msg = failure(src, chk=chk, restore="latest")
     assert re.search(expected, msg), msg
+
+
+def test_snapshot_of_a_table_without_primary_key(postgres_dsn: str) -> None:
+    sql(postgres_dsn, "CREATE TABLE nokey (v int)")
+    msg = failure(PostgresCdcSource(postgres_dsn, ["nokey"], slot="nokey"))
+    assert "table 'public.nokey' has no primary key" in msg and "snapshot=False" in msg
+    # Its changes stream without a snapshot (a delete's before-image needs
+    # REPLICA IDENTITY FULL without a key).
+    sql(postgres_dsn, "ALTER TABLE nokey REPLICA IDENTITY FULL")
+    src = PostgresCdcSource(postgres_dsn, ["nokey"], slot="nokey", snapshot=False, until_lsn=0)
+    run_cdc(src)
+    sql(postgres_dsn, "INSERT INTO nokey VALUES (1)", "DELETE FROM nokey")
+    src.until_lsn = wal_lsn(postgres_dsn)
+    assert [(r["op"], r["before"], r["after"]) for r in run_cdc(src)] == [
+        ("c", None, {"v": 1}), ("d", {"v": 1}, None)]

@@ -208,7 +208,7 @@ class PostgresCdcReader(SourceReader):
         infos: list[TableInfo] = []
         for name in tables:
             info = await describe_table(conn, name, relations)
-            if info is None:
+            if not info.key and src.snapshot:
                 raise PostgresCdcError(
                     f"PostgresCdcSource: table {name!r} has no primary key; the snapshot reads "
                     "a table in key order (add one, or pass snapshot=False)")

@@ -128,8 +128,8 @@ class TableInfo:
 
 
 async def describe_table(conn: AsyncConnection[Any], name: str,
-                         relations: RelationCache) -> TableInfo | None:
-    """The catalog's description of ``name``, or ``None`` when it has no primary key."""
+                         relations: RelationCache) -> TableInfo:
+    """The catalog's description of ``name`` (``key`` empty without a primary key)."""
     cur = await conn.execute(
         "SELECT a.attname, a.atttypid, format_type(a.atttypid, a.atttypmod), "
         "t.typcollation <> 0 FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
@@ -141,8 +141,6 @@ async def describe_table(conn: AsyncConnection[Any], name: str,
         "JOIN pg_attribute a ON a.attnum = k.attnum WHERE i.indrelid = %s::regclass "
         "AND a.attrelid = i.indrelid AND i.indisprimary ORDER BY k.ord", (name,))
     key = tuple(r[0] for r in await cur.fetchall())
-    if not key:
-        return None
     by_name = {c[0]: c for c in cols}
     types = tuple(int(c[1]) for c in cols)
     return TableInfo(
