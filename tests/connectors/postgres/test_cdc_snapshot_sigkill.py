@@ -89,7 +89,8 @@ def kill_mid_snapshot(dsn: str, tmp_path: Path, rows: int, chunk: int) -> None:
     assert all(a is not None and int(a[0]) >= int(progress[0]) for a in after)
     # Only the chunks after the checkpoint's key are read (and the empty last).
     assert len(after) <= math.ceil((rows - int(progress[0])) / chunk) + 1
-    assert int(progress[0]) >= chunk, "killed before a chunk was checkpointed"
+    # (The checkpoint may fall inside a chunk: its rows emitted so far count
+    # as read, and the restored run's first chunk starts after them.)
     ids = [i for i, op, _ in committed(changes) if op == "r"]
     assert sorted(ids) == list(range(1, rows + 1)), "a row read twice or not at all"
 
