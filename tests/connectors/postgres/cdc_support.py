@@ -39,9 +39,11 @@ def confirmed_flush(dsn: str, slot: str) -> int:
 
 
 def run_cdc(source: PostgresCdcSource, chk: Path | None = None, restore: str | None = None,
-            fail: ef.testing.FailingMap | None = None) -> list[dict[str, Any]]:
+            fail: ef.testing.FailingMap | None = None,
+            batch_size: int | None = None) -> list[dict[str, Any]]:
     """Runs source -> (FailingMap) -> ListSink; the committed records."""
-    env = ef.StreamEnvironment(parallelism=1)
+    env = (ef.StreamEnvironment(parallelism=1) if batch_size is None
+           else ef.StreamEnvironment(parallelism=1, batch_size=batch_size))
     if chk is not None:
         env.enable_checkpointing(0.05, directory=str(chk), retained=100_000)
     if fail is not None:

@@ -6,9 +6,13 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from decimal import Decimal
+from pathlib import Path
 
 from cdc_support import run_cdc, sql, wal_lsn
 
+import eddyflow as ef
+from eddyflow.checkpoint.metadata import CheckpointMetadata
+from eddyflow.checkpoint.storage import CheckpointStorage
 from eddyflow.connectors.postgres import PostgresCdcSource
 
 TYPES = """CREATE TABLE public.typed (
@@ -80,3 +84,29 @@ def test_insert_update_delete_truncate_envelopes(postgres_dsn: str) -> None:
         ("d", "public.full_rows", {"id": 1, "v": "p", "w": 11}, None),
         ("t", "public.a", None, None),
     ]
+
+
+def test_restores_inside_large_transactions_emit_each_change_once(postgres_dsn: str,
+                                                                  tmp_path: Path) -> None:
+    # Read 7 records at a time, checkpoints fall inside transactions of
+    # 2,000 changes: a restore resumes at such a transaction's commit and
+    # skips the changes of it that were emitted already.
+    sql(postgres_dsn, "CREATE TABLE big (id int PRIMARY KEY, v int)")
+    src = PostgresCdcSource(postgres_dsn, ["big"], slot="big", snapshot=False, until_lsn=0)
+    run_cdc(src)
+    for start in range(0, 10_000, 2_000):
+        sql(postgres_dsn, f"INSERT INTO big SELECT g, 0 FROM generate_series({start}, "
+                          f"{start + 1_999}) g")
+    sql(postgres_dsn, "UPDATE big SET v = 1 WHERE id % 3 = 0")
+    src.until_lsn = wal_lsn(postgres_dsn)
+    fail = ef.testing.FailingMap(after=2_900, times=4)
+    got = run_cdc(src, chk=tmp_path / "chk", fail=fail, batch_size=7)
+    assert fail.failures == 4
+    changes = [(r["op"], r["after"]["id"], r["lsn"]) for r in got]
+    assert len(changes) == len(set(changes)) == 10_000 + 3_334
+    assert sorted(i for op, i, _ in changes if op == "c") == list(range(10_000))
+    storage = CheckpointStorage(tmp_path / "chk")
+    skips = [CheckpointMetadata.from_json(storage.read_metadata(c.id))
+             .operators["cdc"].subtasks[0].position["skip"]
+             for c in ef.list_checkpoints(tmp_path / "chk")]
+    assert any(skips), "no checkpoint fell inside a transaction"
