@@ -14,6 +14,8 @@ from eddyflow.connectors import (
     SinkWriter,
     Source,
     SourceReader,
+    SourceSplit,
+    SplitSource,
 )
 from eddyflow.connectors.log import Log
 from eddyflow.datastream import DataStream, IterativeStream, KeyedStream
@@ -93,6 +95,8 @@ __all__ = [
     "SlidingEventTimeWindows",
     "Source",
     "SourceReader",
+    "SourceSplit",
+    "SplitSource",
     "StateBackend",
     "StateTtl",
     "StreamEnvironment",

@@ -117,7 +117,7 @@ def test_a_job_that_fails_while_running_exits_1(tmp_path: Path) -> None:
     line = _one_error_line(cli("run", str(job)), 1)
     assert line == ("error: job 'divide' failed: operator 'divide' (subtask 1 of 1) raised "
                     "ZeroDivisionError: integer division or modulo by zero; on record 0; read "
-                    "from source 'numbers' (subtask 1 of 1) at index 2")
+                    "from source 'numbers' (subtask 1 of 1) at split 'slice-0', index 2")
 
 
 def test_a_multi_line_exception_message_stays_on_one_line(tmp_path: Path) -> None:

@@ -34,6 +34,14 @@ Every restart must have been caused by an injected failure (a restart for
 any other reason is a bug that the restart strategy would otherwise hide),
 and across the examples most runs must actually have failed.
 
+Jobs whose source rescales (``from_collection`` is a split source) are also
+drawn a different restore parallelism: the first run fails with no restart
+left, and a second run at another source and default parallelism restores
+its latest checkpoint from the folder, fails once more and ends; the
+committed output of both equals the reference, and so does the final state
+(the keyed functions are then the order-insensitive ones: a key's records
+arrive in another order at another parallelism).
+
 Each test runs once per state backend (the ``state_backend`` fixture):
 the checked run keeps its keyed state in the memory backend or in RocksDB,
 for which the case also draws the write cache's size (a few entries, so
@@ -46,6 +54,7 @@ failure-free in-memory run.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -440,7 +449,7 @@ class Built:
 
 def build(env: ef.StreamEnvironment, case: Case, sink: ef.Sink, *,
           failing: Callable[[Any], Any], pace: Callable[[Any], Any],
-          block: Callable[[Any], Any] = identity) -> Built:
+          block: Callable[[Any], Any] = identity, order_free: bool = False) -> Built:
     out = Built()
     # New objects for every run: the functions change them in place.
     records = [make(case.shape, i % case.n_keys, (i * 7919) % 10_007)
@@ -467,7 +476,9 @@ def build(env: ef.StreamEnvironment, case: Case, sink: ef.Sink, *,
         ops.insert(case.fail_at, Op("fail", case.fail_parallelism))
     # at_least_once replays records into state: only order-insensitive,
     # monotone keyed functions keep "no loss" checkable on the output.
-    may_be_sensitive = case.mode != "at_least_once"
+    # So do jobs restored at another source parallelism (``order_free``):
+    # a key's records then arrive in another order than in the reference.
+    may_be_sensitive = case.mode != "at_least_once" and not order_free
     for i, op in enumerate(ops):
         k = op.kind
         p = parallelism(op.parallelism, keyed=k in KEYED)
@@ -599,6 +610,7 @@ class Stats:
     checkpoints: int = 0
     per_key_checked: int = 0
     mutable_failed: int = 0  # examples with dict or list records that failed
+    restored: int = 0  # examples restored from a checkpoint at another parallelism
 
 
 def check_case(case: Case, workdir: Path, stats: Stats, backend: StateBackendFactory) -> None:
@@ -705,6 +717,86 @@ def check_case(case: Case, workdir: Path, stats: Stats, backend: StateBackendFac
             assert have == want, f"{uid}: final state differs from the failure-free run"
 
 
+def check_rescaled_case(case: Case, restore_parallelism: tuple[int, int], workdir: Path,
+                        stats: Stats, backend: StateBackendFactory) -> None:
+    """The case's job (its source a split source) fails with no restart
+    left; a second run, at another source parallelism and default
+    parallelism (``restore_parallelism``), restores its latest checkpoint
+    from the folder, fails once more and restarts, and ends. The committed
+    output of both runs together is the failure-free run's, and the final
+    keyed state the reference's."""
+    note(repr(case))
+    note(f"restore_parallelism={restore_parallelism}")
+    stats.examples += 1
+    capacity = {} if case.channel_capacity is None else {
+        "channel_capacity": case.channel_capacity}
+    env = ef.StreamEnvironment(parallelism=2, batch_size=case.batch_size, **capacity)
+    ref_sink = ef.ListSink()
+    ref_built = build(env, case, ref_sink, failing=identity, pace=identity, order_free=True)
+    ref = run_job(env)
+    reference = [canon(r) for r in ref_sink.results]
+    through_failing = ref.records_in.get("failing", 0)
+
+    os.makedirs(workdir)
+    out_dir, chk = workdir / "out", workdir / "chk"
+    stages = [(case, 2), (dataclasses.replace(case, source_parallelism=restore_parallelism[0]),
+                          restore_parallelism[1])]
+    result: ef.JobResult | None = None
+    for k, (staged, default) in enumerate(stages):
+        env = ef.StreamEnvironment(parallelism=default, batch_size=case.batch_size, **capacity)
+        if case.mode in UNALIGNED:
+            # Channel state needs the same exchanges at the new parallelism:
+            # chaining would merge operators whose parallelisms now agree.
+            env.disable_operator_chaining()
+        env.enable_checkpointing(case.interval, chk, retained=case.retained,
+                                 timeout=case.timeout, **mode_options(case.mode))
+        env.set_restart_strategy(ef.FixedDelayRestart(attempts=k * 3, delay=0))
+        if case.cache_size is not None:
+            backend.use(env, workdir, cache_size=case.cache_size, incremental=case.incremental)
+        else:
+            backend.use(env, workdir)
+        failing = ef.testing.FailingMap(
+            after=max(1, int(case.fail_fraction * max(through_failing, 1)) // (k + 1)), times=1)
+        built = build(env, staged, ef.FileSink(out_dir), failing=failing,
+                      pace=Pace(max(1, case.batch_size // 2)), block=Blocking(0.0002),
+                      order_free=True)
+        assert built.keyed_uids == ref_built.keyed_uids
+        restore = "latest" if k and ef.list_checkpoints(chk) else None
+        stats.restored += restore is not None
+        if k == 0 and case.fault_point is not None:
+            ef.testing.arm(case.fault_point, after=case.fault_after, times=1)
+        try:
+            if k == 0:
+                try:
+                    run_job(env)
+                except ef.JobFailed as exc:
+                    assert "njected failure" in str(exc), str(exc)
+                    stats.failed += 1
+                    note(f"stage 1 failed: {exc}; checkpoints {ef.list_checkpoints(chk)}")
+                    continue
+                # No failure reached (none fell before the end): nothing to restore.
+                note("stage 1 ended without a failure")
+                return
+            result = asyncio.run(asyncio.wait_for(
+                env.execute_async("property", restore=restore), 60.0))
+        finally:
+            ef.testing.disarm_all()
+    assert result is not None
+    stats.checkpoints += len(result.completed_checkpoints)
+    got = read_parts(out_dir) if out_dir.exists() else []
+    leftovers = [n for n in os.listdir(out_dir) if not n.startswith("part-")]
+    assert leftovers in ([], ["_superseded"]), f"uncommitted files left behind: {leftovers}"
+    want_c, got_c = Counter(reference), Counter(got)
+    lost, dup = want_c - got_c, got_c - want_c
+    assert not lost and not dup, (
+        f"{sum(lost.values())} lost (e.g. {list(lost)[:5]}), "
+        f"{sum(dup.values())} duplicated or wrong (e.g. {list(dup)[:5]})")
+    for uid in ref_built.keyed_uids:
+        want = {k: canon(v) for k, v in ref.state(uid).items()}
+        have = {k: canon(v) for k, v in result.state(uid).items()}
+        assert have == want, f"{uid}: final state differs from the failure-free run"
+
+
 def _run_property(tmp_path: Path, backend: StateBackendFactory, examples: int,
                   modes: tuple[str, ...], min_failed: float, min_mutable_failed: float,
                   deep: bool = False) -> Stats:
@@ -738,6 +830,36 @@ def test_checkpointing_survives_random_failures(tmp_path: Path,
                                                 state_backend: StateBackendFactory) -> None:
     _run_property(tmp_path, state_backend, examples=25, modes=MODES, min_failed=0.6,
                   min_mutable_failed=0.15)
+
+
+RESTORE_MODES = ("exactly_once", "synchronous", "unaligned", "aligned_timeout")
+
+
+def test_a_checkpoint_restores_at_another_source_parallelism(
+        tmp_path: Path, state_backend: StateBackendFactory) -> None:
+    """Its source a split source (``from_collection``), the job restores
+    at a source parallelism and default parallelism drawn apart from the
+    crashed run's (docs/architecture/sources.md)."""
+    stats = Stats()
+
+    @settings(max_examples=10, deadline=None, derandomize=False,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(case=cases(RESTORE_MODES, rocksdb=state_backend.rocksdb),
+           data=st.data())
+    def prop(case: Case, data: st.DataObject) -> None:
+        # Always a FailingMap, reached (the first stage must fail), and a
+        # source parallelism that is not that of the crashed run.
+        case = dataclasses.replace(case, fail_at=case.fail_at or 0, keep_order=False)
+        restore_p = data.draw(st.sampled_from(
+            [p for p in (1, 2, 3) if p != case.source_parallelism]))
+        default = data.draw(st.sampled_from([1, 2, 3]))
+        check_rescaled_case(case, (restore_p, default), tmp_path / f"ex{stats.examples}",
+                            stats, state_backend)
+
+    prop()
+    # Most examples failed, and many restored mid-way at the other parallelism.
+    assert stats.failed >= 0.6 * stats.examples, stats
+    assert stats.restored >= 0.3 * stats.examples, stats
 
 
 def test_unaligned_checkpoints_of_a_deep_back_pressured_pipeline_survive_random_failures(

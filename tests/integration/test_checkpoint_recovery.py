@@ -170,7 +170,7 @@ def crashed_run(directory: Path, *, after: int = 1500, retained: int = 3,
 def source_position(directory: Path, checkpoint_id: int) -> int:
     with open(directory / f"chk-{checkpoint_id}" / "_metadata", encoding="utf-8") as f:
         meta = json.load(f)
-    return int(meta["operators"]["src"]["subtasks"]["0"]["source"])
+    return int(meta["operators"]["src"]["subtasks"]["0"]["source"]["slice-0"])
 
 
 def state_files(directory: Path, checkpoint_id: int) -> list[Path]:

@@ -121,7 +121,9 @@ def crash(directory: Path, sink: ef.Sink | None = None, **job: Any) -> ef.Checkp
 
 
 def source_position(info: ef.CheckpointInfo, uid: str) -> int:
-    return int(info.operators[uid]["subtasks"]["0"]["source"])
+    # from_collection is a split source: its one subtask records its one
+    # slice's position by split id.
+    return int(info.operators[uid]["subtasks"]["0"]["source"]["slice-0"])
 
 
 

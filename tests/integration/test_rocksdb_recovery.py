@@ -74,7 +74,7 @@ def test_a_damaged_shared_sst_falls_back_to_an_older_checkpoint(
                for r in caplog.records), [r.getMessage() for r in caplog.records]
     assert result.state("count") == FINAL
     # It resumed from an older checkpoint's source position.
-    position = int(older[-1].operators["src"]["subtasks"]["0"]["source"])
+    position = int(older[-1].operators["src"]["subtasks"]["0"]["source"]["slice-0"])
     assert result.records_out["src"] == N - position
 
 

@@ -1,5 +1,6 @@
 """``SourceReader.notify_checkpoint_complete``: the source task tells its
-reader when a checkpoint that recorded the reader's position completes.
+reader when a checkpoint that recorded the reader's position completes; the
+position it recorded is the one ``snapshot_position`` gave for that id.
 
 A reader of a system that keeps a consumer's progress on its side (a
 PostgreSQL replication slot, a consumer group's offset) acknowledges a
@@ -42,6 +43,7 @@ class _CountingReader(ef.SourceReader):
         self.subtask = subtask
         self.pos = subtask
         self.step = parallelism
+        self.snapshots: dict[int, int] = {}
 
     async def read_batch(self, max_records: int) -> list[Any] | None:
         if self.pos >= self.source.n:
@@ -59,11 +61,18 @@ class _CountingReader(ef.SourceReader):
     def seek(self, position: Any) -> None:
         self.pos = int(position)
 
+    def snapshot_position(self, checkpoint_id: int) -> int:
+        self.snapshots[checkpoint_id] = self.pos
+        return self.pos
+
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         # The metadata of the checkpoint is durable already: read it back.
         storage = CheckpointStorage(self.source.chk)
         meta = CheckpointMetadata.from_json(storage.read_metadata(checkpoint_id))
         recorded = meta.operators["counting"].subtasks[self.subtask].position
+        # A running reader's checkpoint holds what it said for that id (a
+        # finished one's, its final position: no barrier reached it).
+        assert recorded == self.snapshots.get(checkpoint_id, self.pos)
         self.source.notified.append((self.subtask, checkpoint_id, recorded, self.pos))
 
 

@@ -215,10 +215,10 @@ def test_every_kind_expires_as_the_model_says(checkpoints: bool, tmp_path: Path,
     # before it (the source's position) written, and nothing that had
     # expired by the last one's time.
     infos = ef.list_checkpoints(tmp_path / "chk")
-    positions = [int(i.operators["src"]["subtasks"]["0"]["source"]) for i in infos]
+    positions = [int(i.operators["src"]["subtasks"]["0"]["source"]["slice-0"]) for i in infos]
     assert infos[-1].final and any(0 < p < len(RECORDS) for p in positions), positions
     for info in infos:
-        position = int(info.operators["src"]["subtasks"]["0"]["source"])
+        position = int(info.operators["src"]["subtasks"]["0"]["source"]["slice-0"])
         at = Model()
         for r in RECORDS[:position]:
             at.step(r)

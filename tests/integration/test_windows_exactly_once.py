@@ -3,7 +3,9 @@ streams (disorder, gaps, a split that goes quiet early), random window
 kinds, parameters and window functions, and random failure points. The
 committed results of a run with checkpoints and failures (restarts in
 process) equal those of the failure-free run, on both state backends; and a
-run that crashes and is restored at another parallelism gives them too.
+run that crashes with its sources at parallelism 2 and is restored at
+another parallelism, its sources' included, gives them too (each slice of a
+source keeps its own watermark generator wherever it is read).
 
 Each split's disorder stays within the watermark's ``max_delay``, so no
 record is late and every window fires exactly once, with all its records,
@@ -128,14 +130,19 @@ def canon(r: Any) -> str:
     return json.dumps(list(r))
 
 
-def build(env: ef.StreamEnvironment, case: Case, sink: ef.Sink, *extra: Any) -> None:
-    # One source per split, each with its own watermark generator; the
-    # window operator's watermark is the minimum of the two (an ended split
-    # stops holding it back).
+def build(env: ef.StreamEnvironment, case: Case, sink: ef.Sink, *extra: Any,
+          source_parallelism: int = 1) -> None:
+    # One source per stream of events, each with its own watermark
+    # generator; the window operator's watermark is the minimum of the two
+    # (an ended stream stops holding it back). At source parallelism p a
+    # collection is p slices (splits), each with a generator of its own
+    # wherever it is read: a restore at another parallelism deals them out
+    # anew, so that one subtask may read two slices in turn.
     strategy = ef.WatermarkStrategy.bounded_out_of_orderness(case.max_delay, _ts)
-    a, b = (env.from_collection(list(records)).name(f"split-{i}").set_parallelism(1)
+    a, b = (env.from_collection(list(records)).name(f"split-{i}")
+            .set_parallelism(source_parallelism)
             .assign_timestamps_and_watermarks(strategy).name(f"timestamps-{i}")
-            .set_parallelism(1)
+            .set_parallelism(source_parallelism)
             for i, records in enumerate(case.splits))
     stream = a.union(b)
     for fn in extra:
@@ -182,20 +189,21 @@ def check_case(case: Case, folder: Path, backend: StateBackendFactory, stats: St
     if result.restarts and result.completed_checkpoints:
         stats.restored += 1
 
-    # A crash, then a restore at another parallelism.
+    # A crash with the sources at parallelism 2, then a restore at another
+    # parallelism, the sources' included (their slices dealt out anew).
     out = folder / "out"
     env = ef.StreamEnvironment(parallelism=2, batch_size=8)
     backend.use(env, folder / "db2")
     env.enable_checkpointing(0.01, folder / "chk2")
     build(env, case, ef.FileSink(str(out)), Pace(4),
-          ef.testing.FailingMap(after=case.fail_after, times=1))
+          ef.testing.FailingMap(after=case.fail_after, times=1), source_parallelism=2)
     try:
         watched(env.execute_async("crash"), 60)
     except ef.JobFailed:
         env = ef.StreamEnvironment(parallelism=case.rescale_to, batch_size=8)
         backend.use(env, folder / "db3")
         env.enable_checkpointing(0.01, folder / "chk2")
-        build(env, case, ef.FileSink(str(out)))
+        build(env, case, ef.FileSink(str(out)), source_parallelism=case.rescale_to)
         watched(env.execute_async("restored", restore="latest"), 60)
     rescaled = Counter(json.loads(line) for part in sorted(out.glob("part-*"))
                        for line in part.read_text().splitlines())

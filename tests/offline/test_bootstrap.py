@@ -101,8 +101,9 @@ def test_round_trip_through_the_word_count(spark: Any, corpus: dict[str, Any],
     lines = meta.operators["lines"]
     assert lines.parallelism == 2 and all(p.is_source for p in lines.subtasks.values())
     size = os.path.getsize(corpus["rest"])
-    starts = sorted(p.position for p in lines.subtasks.values())
-    assert starts[0] == 0 and 0 < starts[1] < size  # the two splits' starts
+    # A split source: each subtask records its byte range's position.
+    starts = sorted(at for p in lines.subtasks.values() for at in p.position.values())
+    assert len(starts) == 2 and starts[0] == 0 and 0 < starts[1] < size  # the two splits' starts
     count = meta.operators["count"]
     handles = [count.subtasks[s].keyed for s in range(2)]
     assert all(h is not None and h.backend == backend for h in handles)

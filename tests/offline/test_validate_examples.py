@@ -144,7 +144,7 @@ def test_mid_run_checkpoints_of_the_fraud_example_validate_and_an_altered_event_
     # An authorisation the checkpoint's source had read, moved to another
     # card: both cards' pending payments (or timers) differ.
     mid = infos[-1]
-    position = int(mid.operators["payments"]["subtasks"]["0"]["source"])
+    position = int(mid.operators["payments"]["subtasks"]["0"]["source"]["slice-0"])
     assert position > 50
     sys.path.insert(0, str(FRAUD.parent))
     try:

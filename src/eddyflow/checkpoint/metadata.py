@@ -34,6 +34,7 @@ __all__ = [
     "GraphEdge",
     "GraphNode",
     "OperatorState",
+    "SplitInfo",
     "SubtaskState",
     "TaskStats",
     "read_checkpoint",
@@ -84,8 +85,33 @@ class ChannelState:
                             {str(k): int(v) for k, v in d["outputs"].items()})
 
 
-_PART_KEYS = frozenset({"source", "keyed", "committables", "backedge", "channel_state",
-                        "watermark"})
+_PART_KEYS = frozenset({"source", "splits", "keyed", "committables", "backedge",
+                        "channel_state", "watermark"})
+
+
+@dataclass(frozen=True)
+class SplitInfo:
+    """A split of a split source as a checkpoint records it beside its
+    position (JSON key ``splits``, by split id): what the source needs to
+    read it again after a restore at any parallelism (``data``: a file and
+    byte range, a log partition), the ``index`` that picks its subtask
+    (``None``: a hash of the id), and whether it was read to its end."""
+
+    data: Any = None
+    index: int | None = None
+    finished: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"data": self.data, "index": self.index}
+        if self.finished:
+            out["finished"] = True
+        return out
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> SplitInfo:
+        index = d.get("index")
+        return SplitInfo(d.get("data"), None if index is None else int(index),
+                         bool(d.get("finished", False)))
 
 
 def _encode_watermark(w: float) -> float | str:
@@ -108,6 +134,8 @@ class SubtaskState:
     head's back-edge log, an unaligned checkpoint's channel state, and the
     operator's watermark at the barrier (``None``: it had none yet).
 
+    A split source's subtask records its splits (``splits``, by id) and
+    their positions: ``position`` is then a mapping of split id to position.
     A position may itself be ``None``, hence ``is_source``. A task
     acknowledges these (``runtime/checkpointing/messages.py``); keys of the
     JSON this model does not know are kept in ``extra`` and written back, so
@@ -115,6 +143,9 @@ class SubtaskState:
 
     is_source: bool = False
     position: Any = None
+    #: A split source's splits, by id (``None``: a source of the
+    #: ``create_reader`` protocol, whose split is the subtask).
+    splits: Mapping[str, SplitInfo] | None = None
     keyed: KeyedStateHandle | None = None
     committables: tuple[Any, ...] = ()
     backedge: BackEdgeLog | None = None
@@ -128,6 +159,8 @@ class SubtaskState:
             out["watermark"] = _encode_watermark(self.watermark)
         if self.is_source:
             out["source"] = self.position
+        if self.splits is not None:
+            out["splits"] = {k: v.to_json() for k, v in self.splits.items()}
         if self.keyed is not None:
             out["keyed"] = self.keyed.to_json()
         if self.committables:
@@ -144,6 +177,8 @@ class SubtaskState:
         return SubtaskState(
             is_source="source" in d,
             position=d.get("source"),
+            splits=(None if d.get("splits") is None
+                    else {str(k): SplitInfo.from_json(v) for k, v in d["splits"].items()}),
             keyed=None if keyed is None else KeyedStateHandle.from_json(keyed),
             committables=tuple(d.get("committables") or ()),
             backedge=None if backedge is None else BackEdgeLog.from_json(backedge),

@@ -1,8 +1,10 @@
 """``env.from_collection``: records from an in-memory sequence.
 
-The position is the index of the next record in the whole collection. With
-parallelism > 1 each subtask reads one contiguous slice, so per-subtask order
-is the collection's order.
+A split source (connectors/splits.py): the collection is cut in as many
+contiguous slices as the source has subtasks when the job first starts, and
+a slice's position is the index of its next record in the whole collection.
+A restore at another parallelism deals the same slices out anew; each
+slice is read in the collection's order.
 
 A replay after a failure must read the records as they were, even though the
 job (a ``map`` that changes a dict in place, say) changed the objects it was
@@ -21,7 +23,8 @@ import pickle
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from eddyflow.connectors.source import Source, SourceReader
+from eddyflow.connectors.source import SourceReader
+from eddyflow.connectors.splits import RestoredSplit, SourceSplit, SplitSource
 from eddyflow.values import immutable
 
 __all__ = ["CollectionSource"]
@@ -32,7 +35,7 @@ log = logging.getLogger("eddyflow")
 _CHUNK = 4096
 
 
-class CollectionSource(Source):
+class CollectionSource(SplitSource):
     """The source of ``env.from_collection`` (see the module docstring)."""
 
     def __init__(self, items: Iterable[Any]) -> None:
@@ -64,11 +67,29 @@ class CollectionSource(Source):
     def name(self) -> str:
         return "collection"
 
-    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
+    def _slice(self, k: int, pieces: int) -> SourceSplit:
         n = self._n
-        return _CollectionReader(
-            self, n * subtask // parallelism, n * (subtask + 1) // parallelism
-        )
+        return SourceSplit(f"slice-{k}", [n * k // pieces, n * (k + 1) // pieces], k)
+
+    def discover_splits(self, known: Sequence[SourceSplit], parallelism: int
+                        ) -> list[SourceSplit]:
+        if known:
+            return []  # cut once, when the job first started
+        return [self._slice(k, parallelism) for k in range(parallelism)]
+
+    def create_split_reader(self, split: SourceSplit) -> SourceReader:
+        bounds = split.data
+        if (not isinstance(bounds, list) or len(bounds) != 2
+                or not all(isinstance(b, int) for b in bounds)
+                or not 0 <= bounds[0] <= bounds[1] <= self._n):
+            raise ValueError(f"collection split {split.split_id!r}: {bounds!r} is no slice of "
+                             f"the {self._n} records (was the collection changed?)")
+        return _CollectionReader(self, bounds[0], bounds[1])
+
+    def splits_of_subtask(self, subtask: int, parallelism: int, position: Any
+                          ) -> list[RestoredSplit]:
+        # Before it was a split source, subtask s of p read slice s of p.
+        return [RestoredSplit(self._slice(subtask, parallelism), position)]
 
     def read(self, start: int, stop: int, cache: dict[int, list[Any]]) -> list[Any]:
         """Records ``start`` to ``stop``, as they were when the source was

@@ -15,10 +15,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
-from eddyflow.connectors.source import Source, SourceReader
+from eddyflow.connectors.source import SourceReader
+from eddyflow.connectors.splits import RestoredSplit, SourceSplit, SplitSource
 
 __all__ = ["Log", "LogSource"]
 
@@ -37,6 +38,15 @@ def _recorded_partitions(path: str) -> int | None:
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"log {path!r}: {_META} records {n!r} partitions")
     return n
+
+
+def _write_meta(path: str, partitions: int) -> None:
+    meta = os.path.join(path, _META)
+    with open(meta + ".tmp", "w") as f:
+        json.dump({"partitions": partitions}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(meta + ".tmp", meta)
 
 
 def _partition_path(path: str, partition: int) -> str:
@@ -63,14 +73,23 @@ class Log:
             os.makedirs(self.path, exist_ok=True)
             for i in range(partitions):
                 open(_partition_path(self.path, i), "ab").close()
-            meta = os.path.join(self.path, _META)
-            with open(meta + ".tmp", "w") as f:
-                json.dump({"partitions": partitions}, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(meta + ".tmp", meta)
+            _write_meta(self.path, partitions)
         self._files: dict[int, IO[bytes]] = {}
         self._next = 0
+
+    def add_partitions(self, count: int) -> None:
+        """Grow the log to ``count`` partitions (Kafka's partition increase):
+        the new ones start empty, and a running unbounded ``from_log``
+        finds them at its next partition discovery. Existing records keep
+        their partitions; round-robin appends use the new ones too."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < self.partitions:
+            raise ValueError(f"Log {self.path!r} has {self.partitions} partitions; "
+                             f"add_partitions needs a larger count, got {count!r}")
+        for i in range(self.partitions, count):
+            open(_partition_path(self.path, i), "ab").close()
+        # The files first, then the count readers discover them by.
+        _write_meta(self.path, count)
+        self.partitions = count
 
     @staticmethod
     def open_existing(path: str | os.PathLike[str]) -> Log:
@@ -207,26 +226,60 @@ class _PartitionReader:
             self._f = None
 
 
-class LogSource(Source):
-    """Reads a :class:`Log`; subtask ``s`` of ``p`` reads partitions
-    ``s, s+p, s+2p, …``. Bounded by default: stops at the end of the data;
-    with ``bounded=False`` it waits for new records."""
+class LogSource(SplitSource):
+    """Reads a :class:`Log`, one split per partition (partition ``i`` goes
+    to subtask ``i % p``). Bounded by default: each partition is read to the
+    end of its data, and the source ends. With ``bounded=False`` it waits
+    for new records (polling every ``poll_interval`` seconds) and looks for
+    partitions added to the log (:meth:`Log.add_partitions`) every
+    ``partition_discovery`` seconds."""
 
     def __init__(self, path: str | os.PathLike[str], *, bounded: bool = True,
-                 poll_interval: float = 0.05) -> None:
+                 poll_interval: float = 0.05, partition_discovery: float = 1.0) -> None:
         self.log = Log.open_existing(path)
         self.path = self.log.path
         self.max_parallelism = self.log.partitions
         self.bounded = bounded
         self.poll_interval = poll_interval
+        if not partition_discovery > 0:
+            raise ValueError(f"LogSource({self.path!r}): partition_discovery must be positive, "
+                             f"got {partition_discovery!r}")
+        self.discovery_interval = None if bounded else partition_discovery
 
     @property
     def name(self) -> str:
         return f"log:{os.path.basename(self.path.rstrip('/'))}"
 
-    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
-        parts = list(range(subtask, self.log.partitions, parallelism))
-        return _LogReader(self.path, parts, self.bounded, self.poll_interval)
+    def discover_splits(self, known: Sequence[SourceSplit], parallelism: int
+                        ) -> list[SourceSplit]:
+        n = _recorded_partitions(self.path)
+        if n is None:
+            raise FileNotFoundError(f"log {self.path!r}: {_META} is gone")
+        have = {s.split_id for s in known}
+        return [split for split in map(_partition_split, range(n)) if split.split_id not in have]
+
+    def create_split_reader(self, split: SourceSplit) -> SourceReader:
+        partition = split.data
+        if isinstance(partition, bool) or not isinstance(partition, int) or partition < 0:
+            raise ValueError(f"log {self.path!r}: split {split.split_id!r} names no partition "
+                             f"({partition!r})")
+        return _PartitionSplitReader(self.path, partition, self.bounded, self.poll_interval)
+
+    def splits_of_subtask(self, subtask: int, parallelism: int, position: Any
+                          ) -> list[RestoredSplit]:
+        # Before it was a split source, subtask s of p read partitions s,
+        # s+p, ... and recorded {partition: offset} for them.
+        if position is not None and not isinstance(position, dict):
+            raise ValueError(f"log position must map partition -> offset, got {position!r}")
+        offsets = position or {}
+        return [RestoredSplit(_partition_split(i), int(offsets.get(str(i), 0)))
+                for i in range(subtask, self.log.partitions, parallelism)]
+
+
+def _partition_split(partition: int) -> SourceSplit:
+    # Its id is the partition's number: a subtask's positions read as the
+    # {partition: offset} they always were.
+    return SourceSplit(str(partition), partition, partition)
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:
@@ -234,31 +287,20 @@ def _resolve(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-class _LogReader(SourceReader):
-    def __init__(self, path: str, partitions: list[int], bounded: bool, poll: float) -> None:
-        self._readers = [_PartitionReader(path, p) for p in partitions]
+class _PartitionSplitReader(SourceReader):
+    """Reads one partition: the position is the offset of its next record."""
+
+    def __init__(self, path: str, partition: int, bounded: bool, poll: float) -> None:
+        self._reader = _PartitionReader(path, partition)
         self._bounded = bounded
         self._poll = poll
-        self._turn = 0
-        self._last: list[tuple[int, int]] = []  # (partition, offset) per record of last batch
+        self._batch_start = 0
         self._poll_due: asyncio.Future[None] | None = None
 
     async def read_batch(self, max_records: int) -> list[Any] | None:
-        if not self._readers:
-            return None
-        out: list[Any] = []
-        last: list[tuple[int, int]] = []
-        n = len(self._readers)
-        for k in range(n):
-            r = self._readers[(self._turn + k) % n]
-            start = r.offset
-            got = r.read(max_records - len(out))
-            out.extend(got)
-            last.extend((r.partition, start + i) for i in range(len(got)))
-            if len(out) >= max_records:
-                break
-        self._turn = (self._turn + 1) % n
-        self._last = last
+        r = self._reader
+        self._batch_start = r.offset
+        out = r.read(max_records)
         if out or not self._bounded:
             return out  # unbounded and nothing appended yet: [] until the next poll
         return None
@@ -274,33 +316,19 @@ class _LogReader(SourceReader):
             loop.call_later(self._poll, _resolve, due)
         return self._poll_due
 
-    def position(self) -> dict[str, int]:
-        return {str(r.partition): r.offset for r in self._readers}
+    def position(self) -> int:
+        return self._reader.offset
 
     def seek(self, position: Any) -> None:
-        if not isinstance(position, dict):
-            raise ValueError(f"log position must map partition -> offset, got {position!r}")
-        for r in self._readers:
-            r.seek(int(position.get(str(r.partition), 0)))
+        if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+            raise ValueError(f"log partition offset must be an int >= 0, got {position!r}")
+        self._reader.seek(position)
 
-    def position_of(self, index: int) -> Any:
-        return self._last[index] if 0 <= index < len(self._last) else None
-
-    def split_at(self, batch: list[Any], position: Any) -> tuple[list[Any], bool]:
-        # Batches interleave partitions, so the records before a position
-        # (one offset per partition) are not a prefix of a batch read now:
-        # keep each record whose offset is below its partition's.
-        target = {str(k): int(v) for k, v in dict(position).items()}
-        kept = [r for r, (part, offset) in zip(batch, self._last, strict=True)
-                if offset < target.get(str(part), 0)]
-        reached = all(r.offset >= target.get(str(r.partition), 0) for r in self._readers)
-        return kept, reached
+    def position_of(self, index: int) -> int:
+        return self._batch_start + index
 
     def describe_position(self, position: Any) -> str:
-        if isinstance(position, tuple):
-            return f"log partition {position[0]} offset {position[1]}"
-        return f"log offsets {position}"
+        return f"log partition {self._reader.partition} offset {position}"
 
     async def close(self) -> None:
-        for r in self._readers:
-            r.close()
+        self._reader.close()

@@ -116,12 +116,14 @@ class SourceReader(ABC):
         return f"position {position!r}"
 
     def snapshot_position(self, checkpoint_id: int) -> Any:
-        """The position recorded for this reader in checkpoint
-        ``checkpoint_id`` (Flink's ``SourceReader.snapshotState``): called
-        by the source task at the barrier, between two reads. A reader that
-        acknowledges positions in :meth:`notify_checkpoint_complete` notes
-        here which position the checkpoint holds. The default is
-        :meth:`position`."""
+        """The position checkpoint ``checkpoint_id`` records for this reader
+        (Flink's ``SourceReader.snapshotState(checkpointId)``): the source
+        task calls it when it emits that checkpoint's barrier, between two
+        batches. The default is :meth:`position`; a reader that
+        acknowledges positions in :meth:`notify_checkpoint_complete`
+        overrides it to remember which position went into which checkpoint
+        (:meth:`position` itself is also called between batches, for error
+        messages, and says nothing about checkpoints)."""
         return self.position()
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:  # noqa: B027 - optional hook
@@ -132,7 +134,8 @@ class SourceReader(ABC):
         checkpoint's metadata is durable, as the sink operator's commit is
         called: a reader of a system that keeps a consumer's progress on its
         side (a replication slot, a consumer group's committed offset) may
-        now acknowledge the position it reported for that checkpoint, and no
+        now acknowledge the position it reported for that checkpoint (in
+        :meth:`snapshot_position`), and no
         earlier, since a restore goes back to the last completed checkpoint.
         Completions arrive in checkpoint order, but a reader may miss some
         (a checkpoint completes while the job fails): acknowledge everything

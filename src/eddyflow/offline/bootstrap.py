@@ -62,6 +62,7 @@ from eddyflow.checkpoint.lock import FolderLock
 from eddyflow.checkpoint.metadata import BootstrapInput, CheckpointMetadata, SubtaskState
 from eddyflow.checkpoint.metadata_builder import MetadataBuilder
 from eddyflow.checkpoint.storage import CheckpointStorage
+from eddyflow.connectors.splits import RestoredSplit, SplitPositions, SplitSource, SplitsReader
 from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.jobfile import build_environment
 from eddyflow.keygroups import key_group_range
@@ -281,7 +282,8 @@ def _check_columns(df: Any, key: str, values: list[str]) -> None:
 
 def _initial_positions(plan: ExecutionPlan) -> dict[str, dict[int, Any]]:
     """Every source subtask's position before its first record: what its
-    reader reports when it is created."""
+    reader reports when it is created (a split source's: its splits, as
+    the job would deal them out on a fresh start, each at its start)."""
     out: dict[str, dict[int, Any]] = {}
     for node in plan.graph.nodes:
         if not node.is_source:
@@ -291,12 +293,21 @@ def _initial_positions(plan: ExecutionPlan) -> dict[str, dict[int, Any]]:
         p = plan.parallelism[node.id]
         out[node.uid] = {}
         for s in range(p):
-            reader = source.create_reader(s, p)
+            reader = (SplitsReader(source, s, p, [RestoredSplit(x) for x in
+                                                  source.initial_splits(s, p)])
+                      if isinstance(source, SplitSource) else source.create_reader(s, p))
             try:
                 out[node.uid][s] = reader.position()
             finally:
                 asyncio.run(reader.close())
     return out
+
+
+def _source_state(position: Any) -> SubtaskState:
+    """A source subtask's part of the metadata, at ``position``."""
+    if isinstance(position, SplitPositions):
+        return SubtaskState(is_source=True, position=position.positions, splits=position.splits)
+    return SubtaskState(is_source=True, position=position)
 
 
 def _write(spark: Any, df: Any, target: BootstrapTarget, plan: ExecutionPlan, node_id: int,
@@ -344,7 +355,7 @@ def _metadata(target: BootstrapTarget, plan: ExecutionPlan, node_id: int,
             if n.id == node_id:
                 part = SubtaskState(keyed=handles[s])
             elif n.is_source:
-                part = SubtaskState(is_source=True, position=positions[n.uid][s])
+                part = _source_state(positions[n.uid][s])
             elif n.keyed:
                 # Declared, holding nothing: as a job's first checkpoint has them.
                 part = SubtaskState(keyed=MemoryStateHandle(

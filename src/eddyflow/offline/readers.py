@@ -93,7 +93,8 @@ def read_metadata(spark: Any, directory: str | os.PathLike[str]) -> Any:
 
 def read_positions(spark: Any, chk: CheckpointLike) -> Any:
     """The source positions a checkpoint recorded: ``operator, subtask,
-    parallelism, position`` (the position as JSON)."""
+    parallelism, position`` (the position as JSON; a split source's subtask
+    records ``{split id: position}`` for its splits)."""
     ship_to_executors(spark)
     from pyspark.sql import types as T
 

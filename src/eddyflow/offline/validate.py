@@ -46,6 +46,7 @@ from eddyflow.checkpoint.handles import StateFile
 from eddyflow.checkpoint.layout import CheckpointLayout
 from eddyflow.checkpoint.metadata import BootstrapInput
 from eddyflow.checkpoint.storage import CheckpointCorrupted, CheckpointStorage
+from eddyflow.connectors.splits import RestoredSplit, SplitSource, checkpointed_splits
 from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.jobfile import build_environment
 from eddyflow.keygroups import key_group_range
@@ -59,7 +60,7 @@ from eddyflow.offline.readers import (
     channel_state_rdd,
     state_rdd,
 )
-from eddyflow.offline.replay import replay_split
+from eddyflow.offline.replay import replay_split, replay_splits
 from eddyflow.offline.shipping import ship_to_executors
 from eddyflow.runtime.operators.io import SourceSpec
 from eddyflow.runtime.operators.keyed import KeyedSpec
@@ -113,6 +114,20 @@ def _replay(source: Any, uid: str, node_id: int, parallelism: int,
         for batch in replay_split(source, uid, subtask, parallelism, positions[subtask]):
             for r in batch:
                 yield (node_id, subtask, seq), r
+                seq += 1
+        counter.add(seq)
+    return run
+
+
+def _replay_splits(source: SplitSource, uid: str, node_id: int, splits: list[RestoredSplit],
+                   counter: Any) -> Any:
+    """As :func:`_replay`, for a split source: one Spark partition per split
+    the checkpoint recorded (over all subtasks, whatever the parallelism)."""
+    def run(i: int) -> Iterator[tuple[tuple[int, ...], Any]]:
+        seq = 0
+        for batch in replay_splits(source, uid, [splits[i]]):
+            for r in batch:
+                yield (node_id, i, seq), r
                 seq += 1
         counter.add(seq)
     return run
@@ -212,9 +227,19 @@ def _validate(spark: Any, chk: str | os.PathLike[str] | CheckpointRef, *,
         if not src.replayable:
             unreplayed[node.uid] = f"source '{node.uid}' ({type(src).__name__}) is not replayable"
             continue
+        counters[node.uid] = sc.accumulator(0)
+        if isinstance(src, SplitSource):
+            try:
+                splits = checkpointed_splits(src, node.uid, op)
+            except ValueError as exc:
+                unreplayed[node.uid] = str(exc)
+                continue
+            n = max(1, len(splits))
+            sources[node.id] = sc.parallelize(range(len(splits)), n).flatMap(
+                _replay_splits(src, node.uid, node.id, splits, counters[node.uid]))
+            continue
         p = op.parallelism
         positions = {s: part.position for s, part in op.subtasks.items()}
-        counters[node.uid] = sc.accumulator(0)
         sources[node.id] = sc.parallelize(range(p), p).flatMap(
             _replay(src, node.uid, node.id, p, positions, counters[node.uid]))
 

@@ -14,6 +14,8 @@ from typing import Any
 import anyio
 
 from eddyflow.checkpoint import writer as writer_process
+from eddyflow.connectors.source import Source, SourceReader
+from eddyflow.connectors.splits import RestoredSplit, SplitSource, SplitsReader
 from eddyflow.errors import JobFailed
 from eddyflow.graph.logical import Partitioning
 from eddyflow.graph.plan import ExchangeSpec, ExecutionPlan
@@ -95,6 +97,8 @@ class JobRunner:
             lineage=lineage, base=base,
         )
         self._spawn: Any = None
+        #: Per split source, its splits at the start of this attempt.
+        self._splits: dict[str, list[RestoredSplit]] = {}
         self.loops = [LoopTracker(i) for i in range(len(plan.loops))]
         self.feedback_channels: list[FeedbackChannel] = []
         #: Per exchange, its name (``source->target``) and channels.
@@ -203,7 +207,8 @@ class JobRunner:
                 writers = outputs.get((chain.index, s), [])
                 if head.is_source:
                     assert isinstance(head.payload, SourceSpec)
-                    reader = head.payload.source.create_reader(s, chain.parallelism)
+                    reader = self._source_reader(head.uid, head.payload.source, s,
+                                                 chain.parallelism)
                     task = Task(chain.name, s, chain.parallelism, ops, writers,
                                 reader=reader, source_uid=head.uid,
                                 debloat=self._debloater([], writers), **common)
@@ -223,6 +228,22 @@ class JobRunner:
         self.tasks = tasks
         self.coordinator.attach(tasks)
         return tasks
+
+    def _source_reader(self, uid: str, source: Source, subtask: int,
+                       parallelism: int) -> SourceReader:
+        """The reader of source ``uid``'s subtask. A split source's splits
+        are found once for all its subtasks, here on the caller's side:
+        those the restored checkpoint recorded, with their positions, and
+        those it did not know (all of them on a fresh start); each subtask
+        takes its own (connectors/splits.py)."""
+        if not isinstance(source, SplitSource):
+            return source.create_reader(subtask, parallelism)
+        splits = self._splits.get(uid)
+        if splits is None:
+            restored = self.restore.source_splits(uid, source) if self.restore else []
+            found = source.discover_splits([r.split for r in restored], parallelism)
+            splits = self._splits[uid] = restored + [RestoredSplit(f) for f in found]
+        return SplitsReader(source, subtask, parallelism, splits)
 
     def _debloater(self, inputs: list[tuple[Channel, RecordWriter, int]],
                    outputs: list[RecordWriter] | None = None) -> Debloater | None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from eddyflow.connectors.source import SourceReader
+from eddyflow.connectors.splits import SplitsReader
 from eddyflow.runtime.checkpointing.barriers import BarrierHandler, CheckpointMode
 from eddyflow.runtime.checkpointing.messages import SubtaskId
 from eddyflow.runtime.checkpointing.participation import Participation
@@ -323,7 +324,16 @@ class Task(EventTime, FailureReports, Participation):
         debloat = self.debloat
         size = self.batch_size if debloat is None else debloat.read_size
         label = self.source_label
-        start = reader.position()
+        # A split source's batch comes from one of its splits: its span
+        # names the split (and position() of all its splits is not asked
+        # for at every batch).
+        splits = reader if isinstance(reader, SplitsReader) else None
+        start = reader.position() if splits is None else None
+        # A generator chained right after a split source: per split.
+        stamp: Any = None
+        if splits is not None and self.operators and self.operators[0].assigns_timestamps:
+            stamp = self.operators[0]
+            stamp.track_splits(splits.unread, splits.finished)
         if self._clocked:
             self._schedule_clock()
         while True:
@@ -340,10 +350,16 @@ class Task(EventTime, FailureReports, Participation):
                 raise self._source_failure(exc, reader) from exc
             if batch is None:
                 break
-            end = reader.position()
+            end = reader.position() if splits is None else None
             if batch:
                 self.records_read += len(batch)
-                span = ((label, start, end),)
+                if splits is not None and splits.last_span is not None:
+                    sid, first, last = splits.last_span
+                    span: Span = ((f"{label} split '{sid}'", first, last),)
+                    if stamp is not None:
+                        stamp.split = sid
+                else:
+                    span = ((label, start, end),)
                 self._current_span = span
                 await self._process_input(batch, span)
             start = end

@@ -144,8 +144,8 @@ class Participation(Snapshotting):
         self.barriers.on_injected(barrier.checkpoint_id)
         if unaligned:
             barrier = replace(barrier, unaligned=True)
-        await self.take_checkpoint(
-            barrier, position=reader.snapshot_position(barrier.checkpoint_id), unaligned=unaligned)
+        await self.take_checkpoint(barrier, position=reader.snapshot_position(
+            barrier.checkpoint_id), unaligned=unaligned)
         coordinator = self.coordinator
         if coordinator is not None and coordinator.synchronous:
             await coordinator.wait_resumed()  # stop the world until it completes

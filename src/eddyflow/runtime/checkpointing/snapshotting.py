@@ -19,6 +19,7 @@ from eddyflow.checkpoint.layout import CheckpointLayout
 from eddyflow.checkpoint.metadata import BackEdgeLog, ChannelState, SubtaskState
 from eddyflow.checkpoint.storage import CheckpointStorage, FileHandle
 from eddyflow.connectors.source import SourceReader
+from eddyflow.connectors.splits import SplitPositions, SplitsReader
 from eddyflow.errors import StateSerializationError
 from eddyflow.keygroups import key_group_range
 from eddyflow.runtime.checkpointing.backedge_log import BackEdgeRecords, write_backedge_log
@@ -277,7 +278,11 @@ class Snapshotting:
         parts: dict[str, SubtaskState] = {}
         files: list[FileHandle] = []
         if self.source_uid is not None:
-            parts[self.source_uid] = SubtaskState(is_source=True, position=position)
+            if isinstance(position, SplitPositions):
+                parts[self.source_uid] = SubtaskState(is_source=True, position=position.positions,
+                                                      splits=position.splits)
+            else:
+                parts[self.source_uid] = SubtaskState(is_source=True, position=position)
         if storage is not None:
             fault_point("snapshot.async_write")
         watermarks = self._snapshot_watermarks.get(n, {})
@@ -391,7 +396,9 @@ class Snapshotting:
                 groups = key_group_range(c.subtask, c.max_parallelism, c.parallelism)
                 op.restore_keyed(restored.storage.root, restored.keyed_kinds(op.uid),
                                  restored.keyed_handles(op.uid, groups))
-        if self.reader is not None:
+        if self.reader is not None and not isinstance(self.reader, SplitsReader):
+            # (A split source's reader was given its restored splits when
+            # the job was built: runtime/job.py.)
             assert self.source_uid is not None
             pos = restored.source_position(self.source_uid, self.subtask, self.parallelism)
             if pos is not None:

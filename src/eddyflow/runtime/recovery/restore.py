@@ -12,11 +12,13 @@ from typing import Any
 from eddyflow.checkpoint.handles import KeyedStateHandle
 from eddyflow.checkpoint.metadata import CheckpointMetadata, OperatorState, SubtaskState
 from eddyflow.checkpoint.storage import CheckpointStorage
+from eddyflow.connectors.splits import RestoredSplit, SplitSource, checkpointed_splits
 from eddyflow.errors import IncompatibleCheckpoint
 from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.keygroups import key_group_range
 from eddyflow.runtime.checkpointing.backedge_log import Logged, read_backedge_batches
 from eddyflow.runtime.checkpointing.channel_state import read_channel_state
+from eddyflow.runtime.operators.io import SourceSpec
 
 __all__ = ["RestoredCheckpoint"]
 
@@ -93,8 +95,9 @@ class RestoredCheckpoint:
         the counts downstream are restored. With ``allow_non_restored_state``
         that state is dropped deliberately, with a warning naming it, and
         this checkpoint no longer offers it to the job (also on restarts).
-        What cannot be restored at all (a source at another parallelism,
-        another ``max_parallelism``) is refused with or without it."""
+        What cannot be restored at all (a source of the ``create_reader``
+        protocol at another parallelism, split positions a source cannot
+        take, another ``max_parallelism``) is refused with or without it."""
         nodes = {n.uid: n for n in plan.graph.nodes}
         self._adopt_positional_uids(plan, nodes)
         unmatched: dict[str, str] = {}
@@ -123,8 +126,22 @@ class RestoredCheckpoint:
         others: list[str] = []  # what no flag can restore
         for n in plan.graph.nodes:
             was = self.operators.get(n.uid)
-            if (n.is_source and was is not None and was.kind == n.kind
-                    and was.parallelism != plan.parallelism[n.id]):
+            if not n.is_source or was is None or was.kind != n.kind:
+                continue
+            source = n.payload.source if isinstance(n.payload, SourceSpec) else None
+            if isinstance(source, SplitSource):
+                # Its splits go to the subtasks anew, at any parallelism.
+                try:
+                    checkpointed_splits(source, n.uid, was)
+                except ValueError as exc:
+                    others.append(str(exc))
+            elif any(part.splits is not None for part in was.subtasks.values()):
+                others.append(
+                    f"source '{n.uid}' was checkpointed as a split source, but the job's "
+                    f"{type(source).__name__} reads by subtask (create_reader) and cannot "
+                    "take positions per split")
+            elif was.parallelism != plan.parallelism[n.id]:
+                # The old protocol: a position belongs to a subtask.
                 others.append(
                     f"source '{n.uid}' was checkpointed with parallelism {was.parallelism} "
                     f"and cannot be restored with parallelism {plan.parallelism[n.id]}"
@@ -178,6 +195,12 @@ class RestoredCheckpoint:
         """The old subtasks of ``uid`` in subtask order (none if it is new)."""
         op = self.operators.get(uid)
         return [] if op is None else [part for _, part in sorted(op.subtasks.items())]
+
+    def source_splits(self, uid: str, source: SplitSource) -> list[RestoredSplit]:
+        """Every split split source ``uid`` recorded, over all its old
+        subtasks (none for a source the checkpoint does not know)."""
+        op = self.operators.get(uid)
+        return [] if op is None else checkpointed_splits(source, uid, op)
 
     def source_position(self, uid: str, subtask: int, parallelism: int) -> Any:
         """The recorded position of source ``uid``'s subtask, or ``None`` for
