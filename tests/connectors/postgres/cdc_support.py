@@ -9,6 +9,8 @@ from typing import Any
 import psycopg
 
 import eddyflow as ef
+from eddyflow.checkpoint.metadata import CheckpointMetadata
+from eddyflow.checkpoint.storage import CheckpointStorage
 from eddyflow.connectors.postgres import PostgresCdcSource
 from eddyflow.connectors.postgres.cdc_protocol import parse_lsn
 
@@ -36,6 +38,15 @@ def confirmed_flush(dsn: str, slot: str) -> int:
     """The slot's confirmed position."""
     return parse_lsn(sql(dsn, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
                               "WHERE slot_name = %s", params=(slot,))[0][0])
+
+
+def cdc_position(chk: Path, checkpoint_id: int) -> Any:
+    """The position checkpoint ``checkpoint_id`` holds for the source named
+    'cdc' (that of its one split, the slot)."""
+    meta = CheckpointMetadata.from_json(CheckpointStorage(chk).read_metadata(checkpoint_id))
+    positions = meta.operators["cdc"].subtasks[0].position
+    assert isinstance(positions, dict) and len(positions) == 1, positions
+    return next(iter(positions.values()))
 
 
 def run_cdc(source: PostgresCdcSource, chk: Path | None = None, restore: str | None = None,

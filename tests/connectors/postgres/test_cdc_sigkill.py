@@ -18,12 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from cdc_support import sql, wal_lsn
+from cdc_support import cdc_position, sql, wal_lsn
 from sigkill_support import RUN_TIMEOUT, JobProcess, latest_checkpoint, wait_for_checkpoint_after
 
 import eddyflow as ef
-from eddyflow.checkpoint.metadata import CheckpointMetadata
-from eddyflow.checkpoint.storage import CheckpointCorrupted, CheckpointStorage
+from eddyflow.checkpoint.storage import CheckpointCorrupted
 
 JOB = Path(__file__).parent / "cdc_sigkill_job.py"
 CUSTOMERS = 20
@@ -40,13 +39,11 @@ def committed(folder: Path) -> list[list[Any]]:
 
 def snapshot_done(chk: Path) -> bool:
     """Whether a completed checkpoint holds a position after the snapshot."""
-    storage = CheckpointStorage(chk)
     for c in reversed(ef.list_checkpoints(chk)):
         try:
-            meta = CheckpointMetadata.from_json(storage.read_metadata(c.id))
+            pos = cdc_position(chk, c.id)
         except CheckpointCorrupted:  # removed by retention meanwhile
             continue
-        pos: Any = meta.operators["cdc"].subtasks[0].position
         return pos["lsn"] is not None and pos["snapshot"] is None
     return False
 

@@ -9,11 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cdc_support import confirmed_flush, run_cdc, sql, wal_lsn
+from cdc_support import cdc_position, confirmed_flush, run_cdc, sql, wal_lsn
 
 import eddyflow as ef
-from eddyflow.checkpoint.metadata import CheckpointMetadata
-from eddyflow.checkpoint.storage import CheckpointStorage
 from eddyflow.connectors.postgres import PostgresCdcSource
 
 
@@ -21,11 +19,9 @@ def checkpointed_lsns(chk: Path) -> list[int]:
     """The WAL position each completed checkpoint holds for the source."""
     if not chk.exists():
         return []
-    storage = CheckpointStorage(chk)
     out = []
     for c in ef.list_checkpoints(chk):
-        meta = CheckpointMetadata.from_json(storage.read_metadata(c.id))
-        pos: Any = meta.operators["cdc"].subtasks[0].position
+        pos = cdc_position(chk, c.id)
         if pos["lsn"] is not None:
             out.append(pos["lsn"])
     return out

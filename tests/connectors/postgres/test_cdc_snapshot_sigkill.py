@@ -14,19 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cdc_support import sql, wal_lsn
+from cdc_support import cdc_position, sql, wal_lsn
 from sigkill_support import RUN_TIMEOUT, JobProcess, latest_checkpoint
 from test_cdc_sigkill import JOB, committed
 
 import eddyflow as ef
-from eddyflow.checkpoint.metadata import CheckpointMetadata
-from eddyflow.checkpoint.storage import CheckpointCorrupted, CheckpointStorage
+from eddyflow.checkpoint.storage import CheckpointCorrupted
 
 
 def snapshot_progress(chk: Path, n: int) -> Any:
     """The source's position in checkpoint ``n``."""
-    meta = CheckpointMetadata.from_json(CheckpointStorage(chk).read_metadata(n))
-    return meta.operators["cdc"].subtasks[0].position
+    return cdc_position(chk, n)
 
 
 def mid_snapshot(chk: Path) -> bool:

@@ -48,11 +48,12 @@ from eddyflow.connectors.postgres.cdc_snapshot import (
     describe_table,
 )
 from eddyflow.connectors.postgres.cdc_stream import SESSION_OPTIONS, ReplicationStream
-from eddyflow.connectors.source import Source, SourceReader
+from eddyflow.connectors.source import SourceReader
+from eddyflow.connectors.splits import SourceSplit, SplitSource
 
 __all__ = ["PostgresCdcError", "PostgresCdcReader", "PostgresCdcSource"]
 
-class PostgresCdcSource(Source):
+class PostgresCdcSource(SplitSource):
     """Row changes of ``tables`` (``schema.table``) from replication slot
     ``slot`` (created with ``pgoutput`` if missing), each a dict
     ``{"op", "table", "before", "after", "lsn", "commit_time"}`` (API.md
@@ -62,7 +63,8 @@ class PostgresCdcSource(Source):
     after the slot, created (or extended) for the tables. ``snapshot``: first
     the tables' rows (``op`` ``"r"``), read in key order ``chunk_size`` rows
     at a time. ``until_lsn``: end once every change committed before this
-    WAL position is emitted (a bounded read; ``None``: never end).
+    WAL position is emitted (a bounded read, whose split is then finished;
+    ``None``: never end).
     ``status_interval``: seconds between status updates to the server (it
     drops a silent stream after ``wal_sender_timeout``). ``slot_wait``:
     seconds to wait for a slot held by another reader (the server process of
@@ -99,11 +101,19 @@ class PostgresCdcSource(Source):
     def name(self) -> str:
         return f"postgres-cdc[{self.slot}]"
 
-    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
+    def discover_splits(self, known: Sequence[SourceSplit], parallelism: int
+                        ) -> list[SourceSplit]:
+        """The one split: the slot (its changes are one ordered stream)."""
+        split = SourceSplit(f"slot:{self.slot}", {"slot": self.slot}, 0)
+        return [] if any(k.split_id == split.split_id for k in known) else [split]
+
+    def create_split_reader(self, split: SourceSplit) -> SourceReader:
+        """The reader of the slot."""
         return PostgresCdcReader(self)
 
+
 class PostgresCdcReader(SourceReader):
-    """Reads the source's slot (one reader: the source has one split)."""
+    """Reads the source's slot: the reader of its one split."""
 
     def __init__(self, source: PostgresCdcSource, buffer: int = 65536) -> None:
         self.source = source
