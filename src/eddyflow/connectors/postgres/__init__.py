@@ -7,6 +7,7 @@ Needs the ``postgres`` extra (``pip install 'eddyflow[postgres]'``: psycopg 3).
 
 from __future__ import annotations
 
+from eddyflow.connectors.postgres.cdc import PostgresCdcError, PostgresCdcSource
 from eddyflow.connectors.postgres.sink import PostgresSink, PostgresSinkError
 
-__all__: list[str] = ["PostgresSink", "PostgresSinkError"]
+__all__: list[str] = ["PostgresCdcError", "PostgresCdcSource", "PostgresSink", "PostgresSinkError"]
