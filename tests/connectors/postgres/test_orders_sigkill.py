@@ -105,3 +105,17 @@ def test_orders_example_exactly_once_under_sigkill(postgres_dsn: str, tmp_path: 
     # back, and it moved on over the runs.
     assert positions == sorted(positions), positions
     assert positions[-1] > positions[0] > 0, positions
+
+
+def test_the_example_runs_with_one_command(tmp_path: Path) -> None:
+    # `python examples/postgres_orders.py` on a fresh machine: its own
+    # temporary server, a workload while the job runs, the totals checked.
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(EXAMPLE.parents[1] / "src")}
+    done = subprocess.run([sys.executable, str(EXAMPLE)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "totals equal the SQL aggregate of orders" in done.stdout
