@@ -25,6 +25,7 @@ from eddyflow.runtime.metrics import MetricsCallback, MetricsReporter
 from eddyflow.runtime.operators.io import SourceSpec
 from eddyflow.runtime.recovery.restart import JobExecution
 from eddyflow.runtime.time.clock import WALL_CLOCK, Clock
+from eddyflow.runtime.workers.placement import resolve_workers
 from eddyflow.state.abc import StateBackend
 from eddyflow.state.memory import MemoryStateBackend
 
@@ -80,7 +81,10 @@ class StreamEnvironment:
         channel_capacity: int = 8,
         chaining: bool = True,
         buffer_debloat_target: float | None = 1.0,
+        workers: int | str = 1,
     ) -> None:
+        #: Worker processes that run the job's subtasks (docs/concepts/workers.md).
+        self.workers = resolve_workers(workers)
         self.parallelism = _positive_int(parallelism, "parallelism")
         self.max_parallelism = _positive_int(max_parallelism, "max_parallelism")
         if self.max_parallelism > MAX_PARALLELISM:
@@ -262,6 +266,7 @@ class StreamEnvironment:
             state_backend=self.state_backend,
             clock=self.clock,
             auto_watermark_interval=self.auto_watermark_interval,
+            workers=self.workers,
         )
 
     def _refuse_second_execution(self, job_name: str) -> None:

@@ -36,6 +36,7 @@ from eddyflow.runtime.metrics import MetricsReporter
 from eddyflow.runtime.operators.io import SinkSpec
 from eddyflow.runtime.recovery.restore import RestoredCheckpoint
 from eddyflow.runtime.recovery.supersede import supersede_later_output
+from eddyflow.runtime.workers.caller import WorkerJobRunner
 
 __all__ = ["JobExecution", "resolve_restore"]
 
@@ -228,10 +229,12 @@ class JobExecution:
         used_ids = 1  # ids are never reused within an execution, aborted ones included
         while True:
             next_id = max(next_checkpoint_id(storage) if storage is not None else 1, used_ids)
-            runner = JobRunner(self.plan, self.config, self.job_name,
-                               checkpointing=self.checkpointing, restore=restored,
-                               next_checkpoint_id=next_id, completed_checkpoints=completed,
-                               lineage=self.lineage, base=self._base_of(restored))
+            # Several workers: the same attempt over worker processes (runtime/workers/).
+            runner_class = JobRunner if self.config.workers == 1 else WorkerJobRunner
+            runner = runner_class(self.plan, self.config, self.job_name,
+                                  checkpointing=self.checkpointing, restore=restored,
+                                  next_checkpoint_id=next_id, completed_checkpoints=completed,
+                                  lineage=self.lineage, base=self._base_of(restored))
             reporter.attach(runner, restarts)
             try:
                 result = await runner.run()
