@@ -23,6 +23,7 @@ holds its records without stopping the link's other channels.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pickle
 import socket
 import struct
@@ -77,6 +78,17 @@ class Link:
             return pickle.loads(await r.readexactly(n))
         except asyncio.IncompleteReadError as exc:
             raise EOFError(f"link {self.name} closed") from exc
+
+    async def aclose(self) -> None:
+        """Close once everything sent has left (``drain`` only waits for
+        the buffer to fall below its high-water mark)."""
+        w = self._writer
+        if w is None:
+            self.sock.close()
+            return
+        w.close()
+        with contextlib.suppress(OSError):  # the other end is gone already
+            await w.wait_closed()
 
     def close(self) -> None:
         """Close the connection (the other end reads its end)."""

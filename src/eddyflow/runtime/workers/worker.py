@@ -243,8 +243,7 @@ class WorkerJob:
             state = {uid: {name: dict(table.items()) for name, table in tables.items()}
                      for uid, tables in result.final_state.items()}
             control.send(WorkerDone(result.records_in, result.records_out, state))
-        await control.drain()
-        control.close()
+        await control.aclose()
         for link in peers.values():
             link.close()
         return code
