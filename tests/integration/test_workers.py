@@ -6,14 +6,21 @@ whatever the interleaving) and the final keyed state. Failures are real: a
 ``FailingMap`` raising in a worker, and SIGKILL of a worker process at
 random moments while the job runs. After every test no child process of
 this one is left (the fixture asserts it).
+
+Each scenario runs in a fresh process (``in_clean_process``): workers are
+forked, and a process that has run RocksDB state itself (earlier tests of
+the same pytest process) refuses to fork them (``fork_hazard``).
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -21,11 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sigkill_support import children_of, latest_checkpoint, seed, wait_for_exit
+from sigkill_support import SRC, children_of, latest_checkpoint, seed, wait_for_exit
 
 import eddyflow as ef
 
 KEYS = 13
+HERE = Path(__file__).parent
 
 
 @pytest.fixture(autouse=True)
@@ -34,6 +42,24 @@ def no_process_left_behind() -> Iterator[None]:
     yield
     left = wait_for_exit([p for p in children_of(os.getpid()) if p not in before], 5.0)
     assert not left, f"child processes left behind: {left}"
+
+
+def in_clean_process(fn: Any, *args: Any) -> None:
+    """``fn(*args)`` in a new Python process; its failure (traceback) fails the test."""
+    code = ("import pickle, sys\n"
+            "import test_workers\n"
+            "name, args = pickle.load(sys.stdin.buffer)\n"
+            "getattr(test_workers, name)(*args)\n"
+            "from sigkill_support import children_of, wait_for_exit\n"
+            "import os\n"
+            "left = wait_for_exit(children_of(os.getpid()))\n"
+            "assert not left, f'worker processes left behind: {left}'\n")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(HERE), *filter(None, [
+        os.environ.get("PYTHONPATH")])])
+    proc = subprocess.run([sys.executable, "-c", code], input=pickle.dumps((fn.__name__, args)),
+                          capture_output=True, env=env, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-4000:]
 
 
 def count(record: Any, state: int | None) -> tuple[Any, int]:
@@ -79,32 +105,61 @@ def expected(records: int) -> tuple[list[Any], dict[Any, Any]]:
     return sorted(out), state
 
 
-@pytest.mark.parametrize("workers", [2, 3])
-def test_a_job_over_workers_gives_what_one_process_gives(tmp_path: Path, workers: int) -> None:
+def same_as_one_process(tmp_path: Path, workers: int) -> None:
     out, state, result = run(50_000, workers=workers, directory=tmp_path / "chk")
     assert (out, state) == expected(50_000)
     assert result.records_in["count"] == 50_000
     assert result.completed_checkpoints  # the final one at least
+    assert not wait_for_exit(children_of(os.getpid()))
 
 
-def test_a_failure_in_a_worker_restarts_every_worker_exactly_once(
-        tmp_path: Path, state_backend: Any) -> None:
+@pytest.mark.parametrize("workers", [2, 3])
+def test_a_job_over_workers_gives_what_one_process_gives(tmp_path: Path, workers: int) -> None:
+    in_clean_process(same_as_one_process, tmp_path, workers)
+
+
+def restarts_every_worker(tmp_path: Path, backend: str) -> None:
+    from job_support import StateBackendFactory
+
     failing = ef.testing.FailingMap(after=40_000, times=2)
     out, state, result = run(150_000, workers=2, directory=tmp_path / "chk", failing=failing,
-                             backend=state_backend.make(tmp_path), restarts=3)
+                             backend=StateBackendFactory(backend).make(tmp_path), restarts=3)
     assert failing.failures == 2  # counted across the workers and their restarts
     assert result.restarts == 2
     assert (out, state) == expected(150_000)
 
 
-def test_a_failure_without_restarts_fails_the_job_naming_the_operator(tmp_path: Path) -> None:
+def test_a_failure_in_a_worker_restarts_every_worker_exactly_once(
+        tmp_path: Path, state_backend: Any) -> None:
+    in_clean_process(restarts_every_worker, tmp_path, state_backend.name)
+
+
+def fails_naming_the_operator() -> None:
     with pytest.raises(ef.JobFailed, match="InjectedFailure") as info:
         run(20_000, workers=2, failing=ef.testing.FailingMap(after=5_000))
     assert info.value.operator is not None
     assert isinstance(info.value.__cause__, ef.testing.InjectedFailure)
 
 
+def test_a_failure_without_restarts_fails_the_job_naming_the_operator() -> None:
+    in_clean_process(fails_naming_the_operator)
+
+
+def refuses_after_rocksdb_in_process(tmp_path: Path) -> None:
+    run(1_000, workers=1, backend=ef.RocksDBStateBackend(str(tmp_path / "db")))
+    with pytest.raises(ef.JobFailed, match="RocksDB's background threads do not survive"):
+        run(1_000, workers=2)
+
+
+def test_a_process_that_ran_rocksdb_itself_refuses_to_fork_workers(tmp_path: Path) -> None:
+    in_clean_process(refuses_after_rocksdb_in_process, tmp_path)
+
+
 def test_sigkill_of_a_worker_at_random_moments_fails_over_exactly_once(tmp_path: Path) -> None:
+    in_clean_process(killed_twice, tmp_path)
+
+
+def killed_twice(tmp_path: Path) -> None:
     """A worker is killed twice (kill -9), each time a random moment after a
     checkpoint of its generation of workers: the job restarts them all from
     its latest checkpoint, and the committed output is the failure-free one."""
@@ -147,6 +202,10 @@ def test_sigkill_of_a_worker_at_random_moments_fails_over_exactly_once(tmp_path:
 
 
 def test_a_checkpoint_of_two_workers_restores_with_one_and_with_three(tmp_path: Path) -> None:
+    in_clean_process(restores_with_one_and_three, tmp_path)
+
+
+def restores_with_one_and_three(tmp_path: Path) -> None:
     chk = tmp_path / "chk"
     first = ef.ListSink()  # what the failed run committed
     with pytest.raises(ef.JobFailed):
@@ -164,6 +223,10 @@ def test_a_checkpoint_of_two_workers_restores_with_one_and_with_three(tmp_path: 
 
 
 def test_what_cannot_cross_processes_yet_is_refused_in_one_line() -> None:
+    in_clean_process(refuses_a_loop)
+
+
+def refuses_a_loop() -> None:
     env = ef.StreamEnvironment(workers=2)
     loop = env.from_collection([5, 6]).iterate()
     step = loop.map(lambda n: n - 1)

@@ -76,7 +76,8 @@ class Link:
         try:
             (n,) = _HEADER.unpack(await r.readexactly(_HEADER.size))
             return pickle.loads(await r.readexactly(n))
-        except asyncio.IncompleteReadError as exc:
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            # (A write that found the other end gone fails the reads too.)
             raise EOFError(f"link {self.name} closed") from exc
 
     async def aclose(self) -> None:

@@ -38,7 +38,7 @@ from eddyflow.runtime.recovery.reinjection import recover_sinks
 from eddyflow.runtime.recovery.restore import RestoredCheckpoint
 from eddyflow.runtime.task import Task
 from eddyflow.runtime.workers.placement import Placement, unsupported_with_workers
-from eddyflow.runtime.workers.process import WorkerProcesses
+from eddyflow.runtime.workers.process import WorkersRefused, WorkerProcesses, fork_hazard
 from eddyflow.runtime.workers.protocol import (
     Acknowledged,
     AcknowledgeFinal,
@@ -175,9 +175,10 @@ class WorkerJobRunner(JobRunner):
         started = time.monotonic()
         has_channel_state = self.restore is not None and bool(self.restore.channel_state())
         why = unsupported_with_workers(self.plan, self.checkpointing, has_channel_state)
+        why = why or fork_hazard()
         if why is not None:
             raise JobFailed(f"job '{self.job_name}' cannot run with workers="
-                            f"{self.config.workers}: {why}")
+                            f"{self.config.workers}: {why}") from WorkersRefused(why)
         recover_sinks(self.sinks, self.restore)
         self.build()
         coordinator = self.coordinator
@@ -226,8 +227,6 @@ class WorkerJobRunner(JobRunner):
             try:
                 msg = await link.recv()
             except EOFError:
-                if worker in self._done:
-                    return
                 status = await procs.wait_status(worker, 1.0)
                 raise JobFailed(f"job '{self.job_name}' failed: worker {worker} "
                                 f"(pid {procs.pids[worker]}) {status}") from None
@@ -246,6 +245,7 @@ class WorkerJobRunner(JobRunner):
                 coordinator.task_finished(proxy)
             elif isinstance(msg, WorkerDone):
                 self._done[worker] = msg
+                return  # the worker leaves when its link closes (see run)
             elif isinstance(msg, WorkerFailed):
                 raise _job_failed(msg)
             if self.final_id in self._ended:

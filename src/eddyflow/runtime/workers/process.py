@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import anyio
 
-__all__ = ["WorkerProcesses", "WorkerSockets"]
+__all__ = ["WorkersRefused", "WorkerProcesses", "WorkerSockets", "fork_hazard"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -42,6 +42,37 @@ class WorkerSockets:
     def __init__(self, control: socket.socket, peers: dict[int, socket.socket]) -> None:
         self.control = control
         self.peers = peers
+
+
+class WorkersRefused(RuntimeError):
+    """Why a job cannot run over worker processes here; a restart cannot change that."""
+
+    retryable = False
+
+
+def fork_hazard() -> str | None:
+    """Why a fork of this process would leave its child stuck, or ``None``.
+
+    RocksDB runs flushes and compactions on a process-wide pool of
+    background threads, started by the first database this process opened
+    (a ``workers=1`` job with the RocksDB backend). A forked child inherits
+    the pool without its threads, and its first flush would wait forever."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for t in tasks:
+        try:
+            with open(f"/proc/self/task/{t}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        if name.startswith("rocksdb:"):
+            return ("this process has run RocksDB state itself (a job with workers=1 and "
+                    "the RocksDB backend), and RocksDB's background threads do not survive "
+                    "the fork that starts a worker: run jobs with workers > 1 in a process "
+                    "that has not (or with the memory backend there)")
+    return None
 
 
 def _die_with_parent(parent: int) -> None:

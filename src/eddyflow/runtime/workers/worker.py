@@ -12,6 +12,7 @@ its own state to the checkpoint storage, as in one process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pickle
 import time
 from typing import Any
@@ -243,6 +244,12 @@ class WorkerJob:
             state = {uid: {name: dict(table.items()) for name, table in tables.items()}
                      for uid, tables in result.final_state.items()}
             control.send(WorkerDone(result.records_in, result.records_out, state))
+        # Leave once the caller has read this and closed its end: a socket
+        # closed with unread input (the caller's messages since the failure)
+        # resets the connection, and the caller would lose this last message.
+        with contextlib.suppress(EOFError):
+            while True:
+                await control.recv()
         await control.aclose()
         for link in peers.values():
             link.close()
