@@ -38,7 +38,7 @@ from eddyflow.runtime.recovery.reinjection import recover_sinks
 from eddyflow.runtime.recovery.restore import RestoredCheckpoint
 from eddyflow.runtime.task import Task
 from eddyflow.runtime.workers.placement import Placement, unsupported_with_workers
-from eddyflow.runtime.workers.process import WorkersRefused, WorkerProcesses, fork_hazard
+from eddyflow.runtime.workers.process import WorkerProcesses, WorkersRefused, fork_hazard
 from eddyflow.runtime.workers.protocol import (
     Acknowledged,
     AcknowledgeFinal,

@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import anyio
 
-__all__ = ["WorkersRefused", "WorkerProcesses", "WorkerSockets", "fork_hazard"]
+__all__ = ["WorkerProcesses", "WorkerSockets", "WorkersRefused", "fork_hazard"]
 
 _PR_SET_PDEATHSIG = 1
 
