@@ -15,7 +15,7 @@ from __future__ import annotations
 import pickle
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import anyio
 
@@ -42,6 +42,7 @@ from eddyflow.runtime.workers.process import WorkerProcesses, WorkersRefused, fo
 from eddyflow.runtime.workers.protocol import (
     Acknowledged,
     AcknowledgeFinal,
+    Counters,
     Shutdown,
     TaskFinished,
     ToTask,
@@ -128,6 +129,48 @@ class RemoteTask:
         return f"{self._name}[{self._id.subtask}] in worker {self.worker}: {done}"
 
 
+class _Fill:
+    """A task's bounded inputs, as the metrics read their fill."""
+
+    def __init__(self) -> None:
+        self.records = 0
+        self.capacity: int | None = None
+
+
+class _Gate:
+    def __init__(self) -> None:
+        self.channels = [_Fill()]
+
+
+class _OperatorCounters:
+    def __init__(self, uid: str) -> None:
+        self.uid = uid
+        self.records_in = 0
+        self.records_out = 0
+
+
+class TaskMirror:
+    """A task in a worker as the metrics sample it (``runtime/metrics.py``
+    reads these attributes of a ``Task``), from the worker's reports."""
+
+    def __init__(self, subtask: int, source_uid: str | None, operators: list[str]) -> None:
+        self.subtask = subtask
+        self.source_uid = source_uid
+        self.records_read = 0
+        self.operators = [_OperatorCounters(uid) for uid in operators]
+        self.gate: _Gate | None = None if source_uid is not None else _Gate()
+
+    def update(self, counters: Counters) -> None:
+        """The worker's latest report."""
+        self.records_read = counters.records_read
+        for op, (_, r_in, r_out) in zip(self.operators, counters.operators, strict=False):
+            op.records_in, op.records_out = r_in, r_out
+        if self.gate is not None:
+            fill = self.gate.channels[0]
+            fill.records = counters.queued
+            fill.capacity = counters.capacity or None
+
+
 class WorkerJobRunner(JobRunner):
     """One attempt of a job over ``config.workers`` worker processes."""
 
@@ -143,6 +186,7 @@ class WorkerJobRunner(JobRunner):
         self.checkpointing = checkpointing
         self.placement = Placement(plan, config.workers)
         self.proxies: list[RemoteTask] = []
+        self.mirrors: dict[SubtaskId, TaskMirror] = {}
         self.final_id: int | None = None
         self._final_done = anyio.Event()
         self._links: list[Link] = []
@@ -150,13 +194,23 @@ class WorkerJobRunner(JobRunner):
         self._ended: set[int] = set()
 
     def build(self) -> list[Task]:
-        """No task runs here: the coordinator gets one :class:`RemoteTask` per task."""
+        """No task runs here: the coordinator gets one :class:`RemoteTask` per
+        task, the metrics a :class:`TaskMirror`."""
         where = self.placement.worker_of
         self.proxies = [RemoteTask(self, chain.name, SubtaskId(chain.index, s),
                                    where[(chain.index, s)])
                         for chain in self.plan.chains for s in range(chain.parallelism)]
         self.coordinator.attach(self.proxies)
-        self.tasks = []
+        nodes = self.plan.graph.nodes
+        self.mirrors = {}
+        for chain in self.plan.chains:
+            head = nodes[chain.node_ids[0]]
+            source = head.uid if head.is_source else None
+            ops = [nodes[n].uid for n in chain.node_ids if not nodes[n].is_source]
+            for s in range(chain.parallelism):
+                self.mirrors[SubtaskId(chain.index, s)] = TaskMirror(s, source, ops)
+        # What the metrics sample (they read a Task's counters and inputs).
+        self.tasks = cast(list[Task], list(self.mirrors.values()))
         return []
 
     def send(self, worker: int, message: Any) -> None:
@@ -239,6 +293,8 @@ class WorkerJobRunner(JobRunner):
                     await coordinator.acknowledge(msg.answer)
                 else:
                     coordinator.decline(msg.answer)
+            elif isinstance(msg, Counters):
+                self.mirrors[msg.subtask].update(msg)
             elif isinstance(msg, TaskFinished):
                 proxy = by_id[msg.subtask]
                 proxy.mark_finished(msg.seen)

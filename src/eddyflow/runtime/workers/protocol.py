@@ -25,6 +25,7 @@ from eddyflow.runtime.checkpointing.messages import (
 __all__ = [
     "AcknowledgeFinal",
     "Acknowledged",
+    "Counters",
     "Shutdown",
     "TaskFinished",
     "ToTask",
@@ -68,6 +69,19 @@ class Acknowledged:
 
     answer: AcknowledgeCheckpoint | DeclineCheckpoint
     staged: dict[str, dict[tuple[int, str], list[Any]]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Counters:
+    """A task's counters for the metrics: records read (a source), records
+    in and out per operator, and its bounded inputs' fill (records queued,
+    capacity)."""
+
+    subtask: SubtaskId
+    records_read: int
+    operators: tuple[tuple[str, int, int], ...]
+    queued: int
+    capacity: int
 
 
 @dataclass(frozen=True)

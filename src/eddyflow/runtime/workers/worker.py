@@ -45,6 +45,7 @@ from eddyflow.runtime.workers.process import WorkerSockets
 from eddyflow.runtime.workers.protocol import (
     Acknowledged,
     AcknowledgeFinal,
+    Counters,
     Shutdown,
     TaskFinished,
     ToTask,
@@ -240,6 +241,7 @@ class WorkerJob:
                         control.send(_failure(runner, exc))
                         code = 1
         if code == 0:
+            _send_counters(runner, control)
             result = runner.result(time.monotonic() - started)
             state = {uid: {name: dict(table.items()) for name, table in tables.items()}
                      for uid, tables in result.final_state.items()}
@@ -300,6 +302,7 @@ class WorkerJob:
                 outer.start_soon(read_control, name="control")
                 for w, link in peers.items():
                     outer.start_soon(runner.read_peer, link, name=f"peer-{w}")
+                outer.start_soon(_report_counters, runner, control, name="counters")
                 async with anyio.create_task_group() as tg:
                     for t in tasks:
                         tg.start_soon(t.run, name=f"{t.name}[{t.subtask}]")
@@ -308,6 +311,30 @@ class WorkerJob:
         except BaseExceptionGroup as group:
             failed = runner.failure_of(group)
             raise failed from failed.__cause__
+
+
+#: Seconds between a worker's reports of its tasks' counters (the caller's
+#: metrics sample them; its display updates every second by default).
+COUNTERS_INTERVAL = 0.25
+
+
+async def _report_counters(runner: JobRunner, control: Link) -> None:
+    while True:
+        await anyio.sleep(COUNTERS_INTERVAL)
+        _send_counters(runner, control)
+
+
+def _send_counters(runner: JobRunner, control: Link) -> None:
+    for t in runner.tasks:
+        queued = capacity = 0
+        if t.gate is not None:
+            for ch in t.gate.channels:
+                if ch.capacity is not None:
+                    queued += min(ch.records, ch.capacity)
+                    capacity += ch.capacity
+        control.send(Counters(t.subtask_id, t.records_read,
+                              tuple((op.uid, op.records_in, op.records_out)
+                                    for op in t.operators), queued, capacity))
 
 
 def _failure(runner: JobRunner, exc: BaseException) -> WorkerFailed:
