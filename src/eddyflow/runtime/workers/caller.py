@@ -265,9 +265,15 @@ class WorkerJobRunner(JobRunner):
             failed = self.failure_of(group)
             raise failed from failed.__cause__
         finally:
+            if ok:
+                # The workers leave once their links close (worker.py).
+                with anyio.CancelScope(shield=True):
+                    for link in self._links:
+                        await link.aclose()
+                    await procs.stop(grace=5.0)
             for link in self._links:
-                link.close()
-            procs.stop(grace=1.0 if ok else 0.0)
+                link.close()  # (unregisters it from the loop before its socket closes)
+            procs.kill()
             coordinator.end_run()
             coordinator.sweep_aborted()
             coordinator.collect_shared_garbage()

@@ -180,13 +180,18 @@ class WorkerProcesses:
                 return "closed its link to the caller"
             await anyio.sleep(0.005)
 
-    def stop(self, grace: float = 2.0) -> None:
-        """Kill every worker still running (after ``grace`` seconds for
-        those that are leaving) and reap them all: none is left behind."""
+    async def stop(self, grace: float) -> None:
+        """Give every worker ``grace`` seconds to leave, then kill those
+        still running, and reap them all: none is left behind."""
         deadline = time.monotonic() + grace
+        # (Polled: a child's exit has no event on the loop without a
+        # SIGCHLD handler, which belongs to the embedding program.)
         for index in range(len(self.pids)):
-            while self.exit_status(index) is None and time.monotonic() < deadline:
-                time.sleep(0.002)
+            await self.wait_status(index, max(0.0, deadline - time.monotonic()))
+        self.kill()
+
+    def kill(self) -> None:
+        """Kill every worker still running and reap them all."""
         for index, pid in enumerate(self.pids):
             if self.exit_status(index) is None:
                 with contextlib.suppress(ProcessLookupError):
