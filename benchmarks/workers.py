@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import tempfile
 import time
@@ -120,6 +121,17 @@ def write_inputs(folder: Path, records: int) -> tuple[Path, Path, int]:
     return cpu, words, (n_words // 10) * 10
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process and of its (reaped) children: the workers."""
+    me, children = (resource.getrusage(resource.RUSAGE_SELF),
+                    resource.getrusage(resource.RUSAGE_CHILDREN))
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
+#: CPU seconds of the last run (caller and workers).
+LAST_CPU: list[float] = [0.0]
+
+
 def run(build: Callable[[ef.StreamEnvironment, CountingSink], None], *, workers: int,
         parallelism: int, expected: int, interval: float | None = None,
         chk: Path | None = None) -> float:
@@ -130,9 +142,11 @@ def run(build: Callable[[ef.StreamEnvironment, CountingSink], None], *, workers:
         env.enable_checkpointing(interval=interval, directory=str(chk))
     sink = CountingSink()
     build(env, sink)
+    cpu = cpu_seconds()
     started = time.perf_counter()
     env.execute("workers-benchmark")
     elapsed = time.perf_counter() - started
+    LAST_CPU[0] = cpu_seconds() - cpu
     assert sink.committed == expected, (sink.committed, expected)
     return elapsed
 
@@ -154,12 +168,22 @@ def main() -> None:
               f"best of {args.repeat}")
         for name, (build, n) in jobs.items():
             best: dict[str, float] = {}
+            cpu: dict[str, float] = {}
             for _ in range(args.repeat):
                 for config, (workers, par) in CONFIGS.items():
                     t = run(build, workers=workers, parallelism=par, expected=n)
                     best[config] = min(best.get(config, t), t)
+                    cpu[config] = min(cpu.get(config, LAST_CPU[0]), LAST_CPU[0])
             rates = {c: n / t for c, t in best.items()}
             print(f"{name}: " + ", ".join(f"{c} {r / 1e3:,.0f}k rec/s" for c, r in rates.items()))
+            # On a machine shared with other work the wall clock measures the
+            # machine; CPU seconds measure the job: what N workers would
+            # reach with N idle cores is N x (CPU of one process / CPU of N).
+            print(f"{name}: CPU seconds (caller + workers): " + ", ".join(
+                f"{c} {t:.2f}" for c, t in cpu.items())
+                + f"; with idle cores 2 workers would reach "
+                f"{2 * cpu['single'] / cpu['w2']:.2f}x of single, "
+                f"{2 * cpu['p2'] / cpu['w2']:.2f}x of p2")
             print(f"{name}: 2 workers vs single process (p=1, chained): "
                   f"{rates['w2'] / rates['single']:.2f}x; vs 1 worker at p=2: "
                   f"{rates['w2'] / rates['p2']:.2f}x; 4 workers vs single: "

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import os
 import signal
 import socket
@@ -132,6 +133,10 @@ class WorkerProcesses:
         code = 70
         try:
             _die_with_parent(parent)
+            # What the worker inherited stays out of its garbage collections:
+            # a collection that traverses an inherited object writes to its
+            # page, and the page is copied (the whole parent heap, once).
+            gc.freeze()
             signal.set_wakeup_fd(-1)  # the parent loop's: not ours
             # Interrupting the job is the caller's: it stops the workers.
             signal.signal(signal.SIGINT, signal.SIG_IGN)
