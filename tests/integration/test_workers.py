@@ -262,3 +262,22 @@ def metrics_from_workers() -> None:
 
 def test_metrics_callbacks_see_the_counters_of_the_workers() -> None:
     in_clean_process(metrics_from_workers)
+
+
+def cancelled_from_the_caller() -> None:
+    import anyio
+
+    async def main() -> None:
+        env = ef.StreamEnvironment(parallelism=2, workers=2)
+        env.from_collection(list(range(2_000_000))).rebalance().map(busy).key_by(
+            lambda x: x % KEYS).map_with_state(count).sink_to(ef.ListSink())
+        with anyio.move_on_after(1.0) as scope:
+            await env.execute_async("cancelled")
+        assert scope.cancelled_caught  # it was still running: cancelled, not finished
+
+    anyio.run(main)
+    assert not wait_for_exit(children_of(os.getpid()), 1.0)  # no worker outlives it
+
+
+def test_cancelling_execute_async_stops_the_workers() -> None:
+    in_clean_process(cancelled_from_the_caller)
