@@ -23,6 +23,7 @@ holds its records without stopping the link's other channels.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import pickle
 import socket
@@ -41,13 +42,19 @@ CREDIT = 1
 
 
 class Link:
-    """One end of a stream of pickled messages over a connected socket."""
+    """One end of a stream of pickled messages over a connected socket.
+
+    What is sent during one turn of the event loop leaves in one frame, at
+    the end of the turn (one pickle, one write, one wake-up of the reader),
+    however many batches and credits it holds."""
 
     def __init__(self, sock: socket.socket, name: str) -> None:
         self.sock = sock
         self.name = name
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
+        self._outbox: list[Any] = []
+        self._inbox: collections.deque[Any] = collections.deque()
 
     async def open(self) -> None:
         """Attach the socket to the running event loop."""
@@ -55,27 +62,41 @@ class Link:
             sock=self.sock, limit=1 << 20)
 
     def send(self, message: Any) -> None:
-        """Send ``message`` without waiting: the socket's buffer takes it
-        (what a channel sends is bounded by its credit)."""
-        data = pickle.dumps(message, protocol=5)
+        """Send ``message`` without waiting, at the end of this turn of the
+        event loop (what a channel sends is bounded by its credit)."""
+        outbox = self._outbox
+        if not outbox:
+            asyncio.get_running_loop().call_soon(self.flush)
+        outbox.append(message)
+
+    def flush(self) -> None:
+        """Send what :meth:`send` collected, as one frame."""
+        messages, self._outbox = self._outbox, []
         w = self._writer
-        assert w is not None, f"link {self.name} is not open"
+        if not messages or w is None:
+            return
         if w.transport.is_closing():
             return  # the other end is gone: its reader reports that, not every send
+        data = pickle.dumps(messages, protocol=5)
         w.writelines((_HEADER.pack(len(data)), data))
 
     async def drain(self) -> None:
         """Wait until the sent messages are handed to the socket."""
+        self.flush()
         if self._writer is not None:
             await self._writer.drain()
 
     async def recv(self) -> Any:
         """The next message; :class:`EOFError` when the other end closed."""
+        inbox = self._inbox
+        if inbox:
+            return inbox.popleft()
         r = self._reader
         assert r is not None, f"link {self.name} is not open"
         try:
             (n,) = _HEADER.unpack(await r.readexactly(_HEADER.size))
-            return pickle.loads(await r.readexactly(n))
+            inbox.extend(pickle.loads(await r.readexactly(n)))
+            return inbox.popleft()
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             # (A write that found the other end gone fails the reads too.)
             raise EOFError(f"link {self.name} closed") from exc
@@ -83,6 +104,7 @@ class Link:
     async def aclose(self) -> None:
         """Close once everything sent has left (``drain`` only waits for
         the buffer to fall below its high-water mark)."""
+        self.flush()
         w = self._writer
         if w is None:
             self.sock.close()
@@ -93,6 +115,7 @@ class Link:
 
     def close(self) -> None:
         """Close the connection (the other end reads its end)."""
+        self.flush()
         if self._writer is not None:
             self._writer.close()
         else:
