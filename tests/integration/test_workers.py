@@ -247,17 +247,19 @@ def metrics_from_workers() -> None:
     env = ef.StreamEnvironment(parallelism=2, workers=2)
     samples: list[Any] = []
     env.on_metrics(samples.append, every=0.05)
-    env.from_collection(list(range(60_000))).rebalance().map(busy).key_by(
+    # Long enough (about a second of busy work per worker) for reports of
+    # the workers to come while it runs.
+    env.from_collection(list(range(400_000))).rebalance().map(busy).key_by(
         lambda x: x % KEYS).map_with_state(count).name("count").sink_to(ef.ListSink())
     result = env.execute("metrics")
 
     def counted(m: Any) -> int:
         return sum(o.records_in for o in m.operators if o.operator == "count")
 
-    assert result.metrics is not None and counted(result.metrics) == 60_000
+    assert result.metrics is not None and counted(result.metrics) == 400_000
     assert {o.subtask for o in result.metrics.operators if o.operator == "count"} == {0, 1}
     # While it ran, the callbacks saw the workers' counters grow.
-    assert any(0 < counted(m) < 60_000 for m in samples), [counted(m) for m in samples]
+    assert any(0 < counted(m) < 400_000 for m in samples), [counted(m) for m in samples]
 
 
 def test_metrics_callbacks_see_the_counters_of_the_workers() -> None:

@@ -56,6 +56,10 @@ from eddyflow.runtime.workers.protocol import (
 __all__ = ["WorkerCoordinator", "WorkerJob", "WorkerRunner"]
 
 
+#: Seconds a failed write waits for the caller's abort of its checkpoint.
+ABORT_WAIT = 5.0
+
+
 class WorkerCoordinator(CheckpointCoordinator):
     """What a worker's tasks see of the coordinator: the caller's, over the
     control link. Acknowledgements, declines and finished tasks go to the
@@ -76,6 +80,7 @@ class WorkerCoordinator(CheckpointCoordinator):
         self._in_flight: TriggerCheckpoint | None = None
         self._resumed = anyio.Event()
         self._resumed.set()
+        self._ended: dict[int, anyio.Event] = {}
 
     async def run_periodic(self) -> None:
         """The caller triggers checkpoints."""
@@ -96,10 +101,20 @@ class WorkerCoordinator(CheckpointCoordinator):
         """Checkpoint ``checkpoint_id`` completed (or was aborted)."""
         if aborted and checkpoint_id not in self.aborted:
             self.aborted.append(checkpoint_id)
+        self._ended.setdefault(checkpoint_id, anyio.Event()).set()
         t = self._in_flight
         if t is not None and t.checkpoint_id == checkpoint_id:
             self._in_flight = None
         self._resumed.set()
+
+    async def aborted_meanwhile(self, checkpoint_id: int) -> bool:
+        """The caller removes an aborted checkpoint's folder before its
+        abort reaches this worker: a write that failed meanwhile waits for
+        the word (a real write failure fails the task after the wait)."""
+        if checkpoint_id not in self.aborted:
+            with anyio.move_on_after(ABORT_WAIT):
+                await self._ended.setdefault(checkpoint_id, anyio.Event()).wait()
+        return checkpoint_id in self.aborted
 
     def pending_trigger(self) -> TriggerCheckpoint | None:
         """The trigger of the checkpoint in flight, as the caller sent it."""
