@@ -45,15 +45,27 @@ class FailingMap:
 
     def __call__(self, record: Any) -> Any:
         counts = self._counts
-        with self._lock:
-            counts[0] += 1
-            seen, failures = counts[0], counts[1]
-            fail = failures < self.times and seen >= self.after * (failures + 1)
-            if fail:
-                counts[1] = failures = failures + 1
+        # Counted without the lock: a worker process killed while holding
+        # it (the others are, when one fails) would stop every later
+        # attempt at its first record. Across processes a count may be lost
+        # to a race, so a failure may come a record or two late.
+        counts[0] += 1
+        seen = counts[0]
+        fail = False
+        # Claiming a failure is atomic (``times`` failures, never more); the
+        # lock is held only for that, and not waited for forever.
+        if (counts[1] < self.times and seen >= self.after * (counts[1] + 1)
+                and self._lock.acquire(timeout=1.0)):
+            try:
+                failures = counts[1]
+                fail = failures < self.times and seen >= self.after * (failures + 1)
+                if fail:
+                    counts[1] = failures + 1
+            finally:
+                self._lock.release()
         if fail:
             raise InjectedFailure(
-                f"FailingMap: injected failure {failures} of {self.times} "
+                f"FailingMap: injected failure {counts[1]} of {self.times} "
                 f"after {seen} records"
             )
         return record
