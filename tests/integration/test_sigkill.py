@@ -226,7 +226,9 @@ def test_sigkill_of_the_caller_of_two_workers_then_restore_latest_is_exactly_onc
         tmp_path: Path, state_backend: StateBackendFactory) -> None:
     """``eddyflow run --workers 2``: the calling process (its coordinator)
     is killed; its worker processes die with it, and the next run restores."""
-    kill_and_restart(tmp_path, state_backend, records=100_000, keys=500, kills=6, slow=0.01,
+    # (Twice the busy work of the one-process test: over two workers the
+    # first run must still outlast its kill.)
+    kill_and_restart(tmp_path, state_backend, records=200_000, keys=500, kills=6, slow=0.02,
                      seed=seed(23), workers=2)
 
 
