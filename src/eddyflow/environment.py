@@ -20,11 +20,13 @@ from eddyflow.restart import NoRestart, RestartStrategy
 from eddyflow.result import JobResult
 from eddyflow.runtime.checkpointing.barriers import MODES, CheckpointMode
 from eddyflow.runtime.checkpointing.coordinator import CheckpointConfig
-from eddyflow.runtime.job import RuntimeConfig
+from eddyflow.runtime.job import JobRunner, RuntimeConfig
 from eddyflow.runtime.metrics import MetricsCallback, MetricsReporter
 from eddyflow.runtime.operators.io import SourceSpec
 from eddyflow.runtime.recovery.restart import JobExecution
 from eddyflow.runtime.time.clock import WALL_CLOCK, Clock
+from eddyflow.runtime.workers.caller import WorkerJobRunner
+from eddyflow.runtime.workers.placement import resolve_workers
 from eddyflow.state.abc import StateBackend
 from eddyflow.state.memory import MemoryStateBackend
 
@@ -80,7 +82,10 @@ class StreamEnvironment:
         channel_capacity: int = 8,
         chaining: bool = True,
         buffer_debloat_target: float | None = 1.0,
+        workers: int | str = 1,
     ) -> None:
+        #: Worker processes that run the job's subtasks (docs/concepts/workers.md).
+        self.workers = resolve_workers(workers)
         self.parallelism = _positive_int(parallelism, "parallelism")
         self.max_parallelism = _positive_int(max_parallelism, "max_parallelism")
         if self.max_parallelism > MAX_PARALLELISM:
@@ -262,6 +267,7 @@ class StreamEnvironment:
             state_backend=self.state_backend,
             clock=self.clock,
             auto_watermark_interval=self.auto_watermark_interval,
+            workers=self.workers,
         )
 
     def _refuse_second_execution(self, job_name: str) -> None:
@@ -300,9 +306,11 @@ class StreamEnvironment:
         """
         plan = self.plan()
         self._refuse_second_execution(job_name)
-        execution = JobExecution(plan, self._runtime_config(), job_name,
+        config = self._runtime_config()
+        execution = JobExecution(plan, config, job_name,
                                  checkpointing=self.checkpoint_config,
-                                 restart_strategy=self.restart_strategy)
+                                 restart_strategy=self.restart_strategy,
+                                 runner_class=JobRunner if config.workers == 1 else WorkerJobRunner)
         with execution.locked():
             # Marked before the first await since the check (a concurrent
             # run is refused), unmarked if the restore is refused.

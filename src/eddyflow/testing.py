@@ -3,12 +3,15 @@ time that moves only on ``advance``) and the fault-injection points.
 
 ``FailingMap`` is an identity function that raises :class:`InjectedFailure`
 after a number of records; it counts across restarts (the object outlives
-the attempts of an in-process job), so ``times=1`` fails exactly once.
+the attempts of an in-process job), so ``times=1`` fails exactly once. Its
+counts live in shared memory, so that they also hold across the worker
+processes of a job with ``workers`` > 1 (forked from the caller, which
+forks them anew at each restart).
 """
 
 from __future__ import annotations
 
-import threading
+import multiprocessing
 from typing import Any
 
 from eddyflow.runtime.faults import FAULT_POINTS, InjectedFailure, arm, disarm_all
@@ -26,20 +29,44 @@ class FailingMap:
             raise ValueError(f"FailingMap needs after >= 1 and times >= 0, got {after}, {times}")
         self.after = after
         self.times = times
-        self.seen = 0
-        self.failures = 0
-        self._lock = threading.Lock()
+        # [records seen, failures]: shared with forked worker processes.
+        self._counts = multiprocessing.RawArray("q", 2)
+        self._lock = multiprocessing.Lock()
+
+    @property
+    def seen(self) -> int:
+        """Records seen in total (every subtask, attempt and worker)."""
+        return int(self._counts[0])
+
+    @property
+    def failures(self) -> int:
+        """Failures injected so far."""
+        return int(self._counts[1])
 
     def __call__(self, record: Any) -> Any:
-        with self._lock:
-            self.seen += 1
-            fail = self.failures < self.times and self.seen >= self.after * (self.failures + 1)
-            if fail:
-                self.failures += 1
+        counts = self._counts
+        # Counted without the lock: a worker process killed while holding
+        # it (the others are, when one fails) would stop every later
+        # attempt at its first record. Across processes a count may be lost
+        # to a race, so a failure may come a record or two late.
+        counts[0] += 1
+        seen = counts[0]
+        fail = False
+        # Claiming a failure is atomic (``times`` failures, never more); the
+        # lock is held only for that, and not waited for forever.
+        if (counts[1] < self.times and seen >= self.after * (counts[1] + 1)
+                and self._lock.acquire(timeout=1.0)):
+            try:
+                failures = counts[1]
+                fail = failures < self.times and seen >= self.after * (failures + 1)
+                if fail:
+                    counts[1] = failures + 1
+            finally:
+                self._lock.release()
         if fail:
             raise InjectedFailure(
-                f"FailingMap: injected failure {self.failures} of {self.times} "
-                f"after {self.seen} records"
+                f"FailingMap: injected failure {counts[1]} of {self.times} "
+                f"after {seen} records"
             )
         return record
 

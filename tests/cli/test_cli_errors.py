@@ -95,6 +95,8 @@ def test_missing_job_file_and_missing_build(tmp_path: Path) -> None:
     (["run", "--bogus", "x.py"], "error: No such option '--bogus' (see 'eddyflow run --help')"),
     (["run"], "error: Missing argument 'JOB' (see 'eddyflow run --help')"),
     (["run", "x.py", "-p", "0"], "error: Invalid value for '--parallelism' / '-p'"),
+    (["run", "x.py", "--workers", "0"],
+     "error: --workers must be a positive integer or 'auto', got '0'"),
     (["--bogus"], "error: No such option '--bogus' (see 'eddyflow --help')"),
     (["nosuchcommand"], "error: No such command 'nosuchcommand'"),
 ])

@@ -42,6 +42,8 @@ class JobProcess:
         self.env.update(backend or {})
         self.env.pop("EF_SIGKILL_PARALLELISM", None)  # -p 2 decides
         self.runs = 0
+        #: More options of ``eddyflow run`` (``--workers 2``).
+        self.args: list[str] = []
 
     def start(self) -> tuple[subprocess.Popen[bytes], Path]:
         self.runs += 1
@@ -51,7 +53,7 @@ class JobProcess:
         with open(stderr_path, "wb") as stderr:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "eddyflow.cli.main", "run", str(self.job),
-                 "-p", "2", "--restore", "latest"],
+                 "-p", "2", "--restore", "latest", *self.args],
                 env=self.env, stdout=subprocess.DEVNULL, stderr=stderr,
             )
         return proc, stderr_path
@@ -96,4 +98,43 @@ def wait_for_writer_helpers_to_exit(pid: int, timeout: float = 10.0) -> list[int
     deadline = time.monotonic() + timeout
     while (left := writer_helpers_of(pid)) and time.monotonic() < deadline:
         time.sleep(0.05)
+    return left
+
+
+def children_of(pid: int) -> list[int]:
+    """Pids of the live child processes of process ``pid`` (zombies excluded)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # pid (comm) state ppid ...: comm may hold spaces and parentheses.
+        fields = stat[stat.rindex(b")") + 2:].split()
+        if int(fields[1]) == pid and fields[0] != b"Z":
+            found.append(int(entry))
+    return found
+
+
+def wait_for_exit(pids: list[int], timeout: float = 10.0) -> list[int]:
+    """Wait until none of ``pids`` is alive (a zombie counts as gone); those left."""
+    deadline = time.monotonic() + timeout
+
+    def alive() -> list[int]:
+        left = []
+        for p in pids:
+            try:
+                with open(f"/proc/{p}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if stat[stat.rindex(b")") + 2:].split()[0] != b"Z":
+                left.append(p)
+        return left
+
+    while (left := alive()) and time.monotonic() < deadline:
+        time.sleep(0.02)
     return left

@@ -76,6 +76,7 @@ from job_support import StateBackendFactory, keyed_backends, mode_options
 
 import eddyflow as ef
 from eddyflow.runtime import faults
+from eddyflow.runtime.workers.process import fork_hazard
 
 # A record is a key and a value, in the shape the case draws: a tuple, or a
 # dict or list that the user functions below change in place.
@@ -381,6 +382,13 @@ class Case:
     # of ``channel_capacity`` batches (None: no such prefix, default channels).
     deep_parallelism: tuple[int, int] | None = None
     channel_capacity: int | None = None
+    # Worker processes of the checked run (docs/concepts/workers.md).
+    workers: int = 1
+
+
+# Fault points armed in the calling process: with workers, the others would
+# be armed anew in each worker process of each attempt (forked after arming).
+CALLER_FAULT_POINTS = ("checkpoint.before_metadata", "sink.before_commit")
 
 
 # Keeping the parallelism often keeps per-key order deterministic (forward edges).
@@ -405,6 +413,13 @@ def cases(draw: st.DrawFn, modes: tuple[str, ...], rocksdb: bool = False,
     fault_point = draw(st.none() | st.sampled_from(FAULT_POINTS))
     if fail_at is None and fault_point is None:
         fail_at = draw(st.integers(0, n_ops))  # always some failure
+    # Unaligned barriers do not cross worker processes (yet): one process
+    # there. RocksDB: this process runs the reference jobs' databases itself,
+    # after which it cannot fork workers (test_workers.py runs RocksDB over
+    # workers in fresh processes, test_sigkill.py under the CLI).
+    workers = 1 if (mode in UNALIGNED or rocksdb
+                    or fault_point not in (None, *CALLER_FAULT_POINTS)) \
+        else draw(st.sampled_from([1, 2]))
     return Case(
         n_records=draw(st.integers(1000, 4000)),
         n_keys=draw(st.integers(3, 60)),
@@ -434,6 +449,7 @@ def cases(draw: st.DrawFn, modes: tuple[str, ...], rocksdb: bool = False,
         deep_parallelism=(draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 1, 2])))
         if deep else None,
         channel_capacity=draw(st.integers(1, 3)) if deep else None,
+        workers=workers,
     )
 
 
@@ -688,7 +704,11 @@ def check_case(case: Case, workdir: Path, stats: Stats, backend: StateBackendFac
 
     # The checked run.
     os.makedirs(workdir)
-    env = ef.StreamEnvironment(parallelism=2, batch_size=case.batch_size, **capacity)
+    # Earlier tests of this process may have run RocksDB in it, which rules
+    # out forking workers (runtime/workers/process.py, fork_hazard).
+    workers = case.workers if fork_hazard() is None else 1
+    env = ef.StreamEnvironment(parallelism=2, batch_size=case.batch_size, workers=workers,
+                               **capacity)
     env.enable_checkpointing(case.interval, workdir / "chk", retained=case.retained,
                              timeout=case.timeout, **mode_options(case.mode))
     env.set_restart_strategy(ef.FixedDelayRestart(attempts=6, delay=0))

@@ -42,9 +42,11 @@ from job_support import StateBackendFactory, keyed_backends
 from sigkill_support import (
     RUN_TIMEOUT,
     JobProcess,
+    children_of,
     latest_checkpoint,
     seed,
     wait_for_checkpoint_after,
+    wait_for_exit,
     wait_for_writer_helpers_to_exit,
     writer_helpers_of,
 )
@@ -114,13 +116,15 @@ def committed_output(folder: Path) -> list[Output]:
 
 def kill_and_restart(tmp: Path, backend: StateBackendFactory, *, records: int, keys: int,
                      kills: int, slow: float, seed: int,
-                     settings: dict[str, str] | None = None) -> None:
+                     settings: dict[str, str] | None = None, workers: int = 1) -> None:
     rng = random.Random(seed)
     log, out, chk = tmp / "log", tmp / "out", tmp / "chk"
     parts = fill_log(log, records, keys)
     expected, final = expected_output(parts)
     job = JobProcess(JOB, tmp, log, out, chk, slow, backend.child_env(tmp))
     job.env.update(settings or {})
+    if workers > 1:
+        job.args = ["--workers", str(workers)]
     history = KillLog()
     context = f"seed {seed}, {backend.name} backend"
 
@@ -146,6 +150,8 @@ def kill_and_restart(tmp: Path, backend: StateBackendFactory, *, records: int, k
         at_kill = latest_checkpoint(chk)
         if writer_helpers_of(proc.pid):
             history.with_writer += 1
+        # With workers, the caller's children are its worker processes.
+        workers_of_run = children_of(proc.pid) if workers > 1 else []
         os.kill(proc.pid, signal.SIGKILL)  # not reaped yet: the pid is still this child's
         rc = proc.wait()
         if rc == 0:  # it finished between the poll and the kill
@@ -158,6 +164,9 @@ def kill_and_restart(tmp: Path, backend: StateBackendFactory, *, records: int, k
         # into the folder the next run uses).
         left = wait_for_writer_helpers_to_exit(proc.pid)
         assert not left, f"run {job.runs}: writer processes {left} outlived their job ({context})"
+        # Nor its workers (they die with their caller).
+        left = wait_for_exit(workers_of_run)
+        assert not left, f"run {job.runs}: worker processes {left} outlived their caller"
         history.kills += 1
         if at_kill > before:
             history.effective += 1
@@ -182,7 +191,8 @@ def kill_and_restart(tmp: Path, backend: StateBackendFactory, *, records: int, k
     # progress after it had checkpointed (the machine's load cannot prevent
     # that, since every other kill waits for a checkpoint of its run).
     assert history.effective >= 1, f"no kill interrupted a run after a checkpoint ({context})"
-    assert history.with_writer >= 1, f"no killed run had a writer process ({context})"
+    if workers == 1:  # workers write their state themselves, with no helper
+        assert history.with_writer >= 1, f"no killed run had a writer process ({context})"
 
     got = committed_output(out)
     counts = collections.Counter(got)
@@ -210,6 +220,16 @@ def test_sigkill_at_random_moments_then_restore_latest_is_exactly_once(
         tmp_path: Path, state_backend: StateBackendFactory) -> None:
     kill_and_restart(tmp_path, state_backend, records=200_000, keys=500, kills=10, slow=0.01,
                      seed=seed(7))
+
+
+def test_sigkill_of_the_caller_of_two_workers_then_restore_latest_is_exactly_once(
+        tmp_path: Path, state_backend: StateBackendFactory) -> None:
+    """``eddyflow run --workers 2``: the calling process (its coordinator)
+    is killed; its worker processes die with it, and the next run restores."""
+    # (Twice the busy work of the one-process test: over two workers the
+    # first run must still outlast its kill.)
+    kill_and_restart(tmp_path, state_backend, records=200_000, keys=500, kills=6, slow=0.02,
+                     seed=seed(23), workers=2)
 
 
 def test_sigkill_under_back_pressure_with_unaligned_checkpoints_is_exactly_once(

@@ -60,6 +60,9 @@ def format_result(result: JobResult) -> str:
               help="Resume from the latest checkpoint or from a chk-<n> folder.")
 @click.option("--parallelism", "-p", type=click.IntRange(min=1), default=None,
               help="Default parallelism of the job's operators.")
+@click.option("--workers", default=None, metavar="N|auto",
+              help="Worker processes that run the job's subtasks (auto: one per CPU; "
+                   "default 1: this process).")
 @click.option("--name", default=None, help="Job name (default: the file's name).")
 @click.option("--allow-non-restored-state", is_flag=True,
               help="Restore even if the checkpoint holds state no operator of the job "
@@ -68,14 +71,16 @@ def format_result(result: JobResult) -> str:
               help="No live display while the job runs (the final table only).")
 @click.option("--every", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
               help="Seconds between updates of the live display.")
-def run(job: str, restore: str | None, parallelism: int | None, name: str | None,
-        allow_non_restored_state: bool, quiet: bool, every: float) -> None:
+def run(job: str, restore: str | None, parallelism: int | None, workers: str | None,
+        name: str | None, allow_non_restored_state: bool, quiet: bool, every: float) -> None:
     """Run JOB.py, a file that defines build(env).
 
     While it runs, stderr shows records/s and back-pressure per operator,
     the last checkpoint and the restarts: redrawn in place on a terminal,
     one line per update otherwise."""
-    options = {} if parallelism is None else {"parallelism": parallelism}
+    options: dict[str, Any] = {} if parallelism is None else {"parallelism": parallelism}
+    if workers is not None:
+        options["workers"] = "auto" if workers == "auto" else _workers(workers)
     try:
         env, _ = build_environment(job, **options)
     except JobFileError as exc:  # missing, syntax or import error, build(env) raised
@@ -101,6 +106,17 @@ def run(job: str, restore: str | None, parallelism: int | None, name: str | None
         # checkpoint folder of another live job: input to fix, not a failure.
         raise CliError(f"cannot run job '{job_name}': {exc}") from exc
     click.echo(format_result(result), err=True)
+
+
+def _workers(text: str) -> int:
+    """``--workers``: a positive count (or ``auto``, handled by the caller)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise CliError(f"--workers must be a positive integer or 'auto', got {text!r}")
+    return n
 
 
 def _size(n: int) -> str:

@@ -156,6 +156,28 @@ class ListSink(Sink):
             self._staged[(subtask, txn)] = records
         return [subtask, txn]
 
+    def rename_transactions(self) -> None:
+        """Name this copy's transactions apart from every other copy's: a
+        worker process's copy of the sink (forked) would repeat the names
+        of the copy it was forked from."""
+        with self._lock:
+            self._token = secrets.token_hex(4)
+            self._next_txn = 0
+
+    def take_staged(self) -> dict[tuple[int, str], list[Any]]:
+        """Remove and return the prepared, uncommitted records: a worker
+        process (``runtime/workers/``) ships them to the calling process,
+        whose sink commits them (:meth:`add_staged`)."""
+        with self._lock:
+            staged, self._staged = self._staged, {}
+        return staged
+
+    def add_staged(self, staged: dict[tuple[int, str], list[Any]]) -> None:
+        """Prepared records of this sink's copy in a worker process, to be
+        committed here by their committables."""
+        with self._lock:
+            self._staged.update(staged)
+
     def commit(self, committables: list[Any]) -> None:
         with self._lock:
             for subtask, txn in committables:

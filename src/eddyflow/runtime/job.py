@@ -66,6 +66,8 @@ class RuntimeConfig:
     #: Seconds of records a channel may queue, by its consumer's measured
     #: rate (``runtime/exchange/debloat.py``); ``None``: bounded by count alone.
     buffer_debloat_target: float | None = 1.0
+    #: Worker processes that run the subtasks (``runtime/workers/``); 1: this process.
+    workers: int = 1
 
 
 class JobRunner:
@@ -83,6 +85,7 @@ class JobRunner:
         completed_checkpoints: Sequence[int] = (),
         lineage: str = "",
         base: tuple[str, int] | None = None,
+        coordinator: CheckpointCoordinator | None = None,
     ) -> None:
         self.plan = plan
         self.config = config
@@ -93,7 +96,8 @@ class JobRunner:
             n.uid: n.payload.sink.for_job(job_name, n.uid)
             for n in plan.graph.nodes if isinstance(n.payload, SinkSpec)
         }
-        self.coordinator = CheckpointCoordinator(
+        # (A worker process passes the stand-in of the caller's: runtime/workers/.)
+        self.coordinator = coordinator or CheckpointCoordinator(
             checkpointing, job_name, plan, self.sinks, next_checkpoint_id, completed_checkpoints,
             lineage=lineage, base=base,
         )
@@ -163,6 +167,7 @@ class JobRunner:
         feeds: dict[int, tuple[Channel, RecordWriter, int]] = {}
         for x in plan.exchanges:
             chans = self._channels(x)
+            self._place_channels(x, chans)
             p_up = plan.chains[x.source_chain].parallelism
             tracker = self.loops[x.loop] if x.loop is not None else None
             target_loop = plan.loop_of(x.target_node)
@@ -191,6 +196,8 @@ class JobRunner:
         for chain in plan.chains:
             nodes = [plan.graph.nodes[n] for n in chain.node_ids]
             for s in range(chain.parallelism):
+                if not self._runs_here(chain.index, s):
+                    continue
                 ops: list[Operator] = []
                 for node in nodes:
                     if node.is_source:
@@ -218,7 +225,8 @@ class JobRunner:
                     key = (chain.index, s)
                     gate = InputGate(inputs.get(key, []))
                     common["debloat"] = self._debloater(
-                        [feeds[id(ch)] for ch in gate.channels if ch.capacity is not None])
+                        [feeds[id(ch)] for ch in gate.channels
+                         if ch.capacity is not None and id(ch) in feeds])
                     loop = heads.get(key)
                     if loop is not None:
                         loop.heads.append(gate)
@@ -247,6 +255,16 @@ class JobRunner:
             splits = self._splits[uid] = restored + [RestoredSplit(f) for f in found]
         return SplitsReader(source, subtask, parallelism, splits)
 
+    def _place_channels(self, x: ExchangeSpec, channels: dict[tuple[int, int], Channel]) -> None:
+        """Where the channels of exchange ``x`` run: all in this process here;
+        a worker process replaces those that cross to another worker
+        (``runtime/workers/worker.py``)."""
+
+    def _runs_here(self, chain_index: int, subtask: int) -> bool:
+        """Whether this process runs that task: every one here; a worker
+        process only those placed on it."""
+        return True
+
     def _debloater(self, inputs: list[tuple[Channel, RecordWriter, int]],
                    outputs: list[RecordWriter] | None = None) -> Debloater | None:
         """What sizes a task's bounded ``inputs`` (or a source task's reads,
@@ -256,6 +274,15 @@ class JobRunner:
             return None
         return Debloater(InFlightBounds(cfg.buffer_debloat_target, cfg.batch_size,
                                         cfg.channel_capacity), inputs, outputs or ())
+
+    def spawn_into(self, spawn: Any) -> None:
+        """Run snapshot writes with ``spawn`` (a task group's ``start_soon``)."""
+        self._spawn = spawn
+
+    def failure_of(self, group: BaseExceptionGroup[Any]) -> BaseException:
+        """The job's failure, from the task group's exceptions (its root
+        cause as ``__cause__``)."""
+        return self._job_failed(group)
 
     def _spawn_write(self, fn: Any) -> None:
         # Snapshot writes run in the job's task group: a failing write fails

@@ -403,6 +403,12 @@ class CheckpointCoordinator:
         """Whether checkpoint ``checkpoint_id`` was aborted in this run."""
         return checkpoint_id in self.aborted
 
+    async def aborted_meanwhile(self, checkpoint_id: int) -> bool:
+        """Whether checkpoint ``checkpoint_id`` was aborted, as a task asks
+        when a write of it failed (its folder removed under the write). A
+        worker process's stand-in waits for the word from the caller."""
+        return self.is_aborted(checkpoint_id)
+
     def _abort(self, p: _Pending, reason: str, level: int = logging.WARNING) -> None:
         if p.id in self._completing:
             return  # acknowledged by every task: it completes, whatever the clock says

@@ -249,7 +249,7 @@ class Snapshotting:
         except OSError:
             self._cancel_snapshots(snaps)
             coordinator = self.coordinator
-            if coordinator is not None and coordinator.is_aborted(n):
+            if coordinator is not None and await coordinator.aborted_meanwhile(n):
                 return  # the abort removed the folder under our write: nothing lost
             raise
         except StateSerializationError as exc:  # a forked snapshot's, or the checkpoint thread's

@@ -209,6 +209,18 @@ class Channel:
         if gate is not None:
             gate.wake()
 
+    def reserve(self, records: int) -> None:
+        """Count ``records`` as held without queueing them here: a channel
+        whose consumer runs in another process (``exchange/remote.py``)
+        holds what it sent until the consumer takes it."""
+        self._records += records
+
+    def release(self, records: int) -> None:
+        """``records`` counted by :meth:`reserve` were taken by the remote
+        consumer (its credit): a waiting put may go on."""
+        self._records -= records
+        self._release_space()
+
     def deliver_pending(self) -> None:
         """The item a put is waiting to queue goes in now, over capacity;
         that put returns as done."""

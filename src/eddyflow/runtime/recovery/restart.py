@@ -109,8 +109,13 @@ class JobExecution:
 
     def __init__(self, plan: ExecutionPlan, config: RuntimeConfig, job_name: str, *,
                  checkpointing: CheckpointConfig | None,
-                 restart_strategy: RestartStrategy) -> None:
+                 restart_strategy: RestartStrategy,
+                 runner_class: type[JobRunner] = JobRunner) -> None:
         self.plan = plan
+        #: What runs an attempt: a :class:`JobRunner` in this process, or
+        #: its worker-process form (runtime/workers/), which the environment
+        #: picks by ``workers`` (recovery does not depend on the workers).
+        self.runner_class = runner_class
         self.config = config
         self.job_name = job_name
         self.checkpointing = checkpointing
@@ -228,10 +233,10 @@ class JobExecution:
         used_ids = 1  # ids are never reused within an execution, aborted ones included
         while True:
             next_id = max(next_checkpoint_id(storage) if storage is not None else 1, used_ids)
-            runner = JobRunner(self.plan, self.config, self.job_name,
-                               checkpointing=self.checkpointing, restore=restored,
-                               next_checkpoint_id=next_id, completed_checkpoints=completed,
-                               lineage=self.lineage, base=self._base_of(restored))
+            runner = self.runner_class(self.plan, self.config, self.job_name,
+                                  checkpointing=self.checkpointing, restore=restored,
+                                  next_checkpoint_id=next_id, completed_checkpoints=completed,
+                                  lineage=self.lineage, base=self._base_of(restored))
             reporter.attach(runner, restarts)
             try:
                 result = await runner.run()

@@ -1,0 +1,75 @@
+"""Which worker process runs which task, and what a job over workers refuses.
+
+Subtask ``s`` of every chain runs on worker ``s % workers``. A forward
+exchange connects subtask ``i`` to subtask ``i`` of a chain of the same
+parallelism, so a forward pipeline stays inside one worker (its records are
+never pickled); a keyed or rebalanced exchange of parallelism ``p`` spreads
+its ``p`` subtasks, and so their contiguous key-group ranges, evenly over
+the workers (Flink's slot sharing does the same: one slice of every
+pipeline per slot).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from eddyflow.connectors.asynciter import AsyncIterableSource
+from eddyflow.graph.plan import ExecutionPlan
+from eddyflow.runtime.checkpointing.barriers import CheckpointMode
+from eddyflow.runtime.checkpointing.coordinator import CheckpointConfig
+from eddyflow.runtime.operators.io import SourceSpec
+
+__all__ = ["Placement", "resolve_workers", "unsupported_with_workers"]
+
+
+def resolve_workers(workers: int | str) -> int:
+    """``workers`` as a count: ``"auto"`` is the CPU count; anything else
+    must be a positive integer (one line names the setting otherwise)."""
+    if workers == "auto":
+        return max(1, os.cpu_count() or 1)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be a positive integer or 'auto', got {workers!r}")
+    return workers
+
+
+class Placement:
+    """The worker of each task (``chain index``, ``subtask``) of a plan."""
+
+    def __init__(self, plan: ExecutionPlan, workers: int) -> None:
+        self.workers = workers
+        self.worker_of: Mapping[tuple[int, int], int] = {
+            (c.index, s): s % workers for c in plan.chains for s in range(c.parallelism)
+        }
+
+    def tasks_of(self, worker: int) -> list[tuple[int, int]]:
+        """The tasks that run on ``worker``."""
+        return [t for t, w in self.worker_of.items() if w == worker]
+
+
+def unsupported_with_workers(plan: ExecutionPlan,
+                             checkpointing: CheckpointConfig | None,
+                             channel_state: bool) -> str | None:
+    """Why this job cannot run over worker processes yet, or ``None``.
+
+    A loop's end is detected by counting its records in flight in one
+    process (``exchange/loops.py``); an unaligned barrier overtakes records
+    queued at the consumer, which the producer records as its channel
+    state; a source from an async iterable reads the caller's iterator.
+    None of these crosses a process boundary here yet."""
+    if plan.loops:
+        return "a job with a loop (iterate/close_with) runs in one process only"
+    if checkpointing is not None and (CheckpointMode(checkpointing.mode)
+                                      in (CheckpointMode.UNALIGNED,)
+                                      or checkpointing.aligned_timeout is not None):
+        return "unaligned checkpoints (mode='unaligned' or aligned_timeout) need one process"
+    if channel_state:
+        return ("the restored checkpoint holds records in flight (channel state of an "
+                "unaligned checkpoint), which only one process restores")
+    for node in plan.graph.nodes:
+        if isinstance(node.payload, SourceSpec) and isinstance(node.payload.source,
+                                                               AsyncIterableSource):
+            return (f"source '{node.uid}' reads an async iterable of the calling process, "
+                    "which worker processes cannot read")
+    return None
+

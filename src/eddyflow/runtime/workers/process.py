@@ -1,0 +1,208 @@
+"""Starting, watching and stopping the worker processes of one attempt.
+
+Workers are *forked* from the calling process once the attempt's plan is
+built: user functions are often lambdas and closures, which do not pickle
+(the job graph cannot be rebuilt in a spawned process from a job file
+either: a job may be defined inside any function of any program). A fork
+from a process that runs an event loop and threads keeps only the forking
+thread, so the child touches nothing of its parent's loop: it clears the
+inherited signal wake-up descriptor and runs its own event loop in a new
+thread (where no loop was ever running), and leaves with ``os._exit`` (no
+atexit handler or finaliser of the parent's objects runs twice).
+
+No worker outlives its caller: each asks the kernel to kill it when its
+parent dies (``PR_SET_PDEATHSIG``; Linux), and each reads its control
+link, which ends when the caller's end closes, however the caller ends.
+:meth:`WorkerProcesses.stop` kills and reaps every worker that is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import anyio
+
+__all__ = ["WorkerProcesses", "WorkerSockets", "WorkersRefused", "fork_hazard"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+class WorkerSockets:
+    """One worker's ends: its control link to the caller, and a data link
+    to each other worker (by worker index)."""
+
+    def __init__(self, control: socket.socket, peers: dict[int, socket.socket]) -> None:
+        self.control = control
+        self.peers = peers
+
+
+class WorkersRefused(RuntimeError):
+    """Why a job cannot run over worker processes here; a restart cannot change that."""
+
+    retryable = False
+
+
+def fork_hazard() -> str | None:
+    """Why a fork of this process would leave its child stuck, or ``None``.
+
+    RocksDB runs flushes and compactions on a process-wide pool of
+    background threads, started by the first database this process opened
+    (a ``workers=1`` job with the RocksDB backend). A forked child inherits
+    the pool without its threads, and its first flush would wait forever."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for t in tasks:
+        try:
+            with open(f"/proc/self/task/{t}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        if name.startswith("rocksdb:"):
+            return ("this process has run RocksDB state itself (a job with workers=1 and "
+                    "the RocksDB backend), and RocksDB's background threads do not survive "
+                    "the fork that starts a worker: run jobs with workers > 1 in a process "
+                    "that has not (or with the memory backend there)")
+    return None
+
+
+def _die_with_parent(parent: int) -> None:
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the request took
+        os._exit(1)
+
+
+class WorkerProcesses:
+    """``count`` forked workers, each running ``main(index, sockets)`` (its
+    exit code) on a fresh thread and event loop."""
+
+    def __init__(self, count: int, main: Callable[[int, WorkerSockets], int]) -> None:
+        self.count = count
+        self.main = main
+        self.pids: list[int] = []
+        self.controls: list[socket.socket] = []
+        self._status: dict[int, int] = {}
+
+    def start(self) -> None:
+        """Fork the workers; the caller keeps the other end of each control link."""
+        mine: list[socket.socket] = []
+        theirs: list[WorkerSockets] = []
+        for _ in range(self.count):
+            a, b = socket.socketpair()
+            mine.append(a)
+            theirs.append(WorkerSockets(b, {}))
+        for i in range(self.count):
+            for j in range(i + 1, self.count):
+                a, b = socket.socketpair()
+                theirs[i].peers[j] = a
+                theirs[j].peers[i] = b
+        everything = [*mine, *(s for w in theirs for s in (w.control, *w.peers.values()))]
+        parent = os.getpid()
+        try:
+            for index in range(self.count):
+                pid = os.fork()
+                if pid == 0:  # the worker
+                    own = theirs[index]
+                    keep = {own.control.fileno(), *(s.fileno() for s in own.peers.values())}
+                    for s in everything:
+                        if s.fileno() not in keep:
+                            s.close()
+                    self._run_child(parent, index, own)
+                self.pids.append(pid)
+        finally:
+            for w in theirs:
+                w.control.close()
+                for s in w.peers.values():
+                    s.close()
+            self.controls = mine
+
+    def _run_child(self, parent: int, index: int, own: WorkerSockets) -> None:
+        code = 70
+        try:
+            _die_with_parent(parent)
+            # What the worker inherited stays out of its garbage collections:
+            # a collection that traverses an inherited object writes to its
+            # page, and the page is copied (the whole parent heap, once).
+            gc.freeze()
+            signal.set_wakeup_fd(-1)  # the parent loop's: not ours
+            # Interrupting the job is the caller's: it stops the workers.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            result: list[int] = []
+
+            def run() -> None:
+                result.append(self.main(index, own))
+
+            thread = threading.Thread(target=run, name=f"eddyflow-worker-{index}")
+            thread.start()
+            thread.join()
+            code = result[0] if result else 70
+        except BaseException:  # nothing may escape a forked child
+            code = 70
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
+
+    def exit_status(self, index: int) -> str | None:
+        """How worker ``index`` ended (``None``: it has not yet)."""
+        pid = self.pids[index]
+        status = self._status.get(pid)
+        if status is None:
+            try:
+                got, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                return "ended"
+            if got == 0:
+                return None
+            self._status[pid] = status
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            return f"was killed by signal {sig} ({signal.Signals(sig).name})"
+        return f"exited with code {os.WEXITSTATUS(status)}"
+
+    async def wait_status(self, index: int, within: float) -> str:
+        """How worker ``index`` ended, waiting up to ``within`` seconds."""
+        deadline = time.monotonic() + within
+        while True:
+            status = self.exit_status(index)
+            if status is not None:
+                return status
+            if time.monotonic() >= deadline:
+                return "closed its link to the caller"
+            await anyio.sleep(0.005)
+
+    async def stop(self, grace: float) -> None:
+        """Give every worker ``grace`` seconds to leave, then kill those
+        still running, and reap them all: none is left behind."""
+        deadline = time.monotonic() + grace
+        # (Polled: a child's exit has no event on the loop without a
+        # SIGCHLD handler, which belongs to the embedding program.)
+        for index in range(len(self.pids)):
+            await self.wait_status(index, max(0.0, deadline - time.monotonic()))
+        self.kill()
+
+    def kill(self) -> None:
+        """Kill every worker still running and reap them all."""
+        for index, pid in enumerate(self.pids):
+            if self.exit_status(index) is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ChildProcessError):
+                    _, status = os.waitpid(pid, 0)
+                    self._status[pid] = status
+        for s in self.controls:
+            s.close()

@@ -1,0 +1,114 @@
+"""What the calling process and its worker processes say to each other.
+
+The checkpoint protocol's own messages
+(:mod:`eddyflow.runtime.checkpointing.messages`) travel inside these: the
+coordinator in the calling process addresses a task by its
+:class:`~eddyflow.runtime.checkpointing.messages.SubtaskId`, a worker answers
+with the task's acknowledgement. All are frozen dataclasses that pickle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from eddyflow.runtime.checkpointing.messages import (
+    AbortCheckpoint,
+    AcknowledgeCheckpoint,
+    DeclineCheckpoint,
+    NotifyCheckpointComplete,
+    SubtaskId,
+    SwitchToUnaligned,
+    TriggerCheckpoint,
+)
+
+__all__ = [
+    "AcknowledgeFinal",
+    "Acknowledged",
+    "Counters",
+    "Shutdown",
+    "TaskFinished",
+    "ToTask",
+    "WorkerDone",
+    "WorkerFailed",
+]
+
+# -- caller -> worker ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ToTask:
+    """A coordinator's message for one task of the worker."""
+
+    subtask: SubtaskId
+    message: TriggerCheckpoint | SwitchToUnaligned | NotifyCheckpointComplete | AbortCheckpoint
+
+
+@dataclass(frozen=True)
+class AcknowledgeFinal:
+    """The finished task acknowledges ``trigger`` with its final state;
+    ``all_finished``: every task of the job has finished (the final checkpoint)."""
+
+    subtask: SubtaskId
+    trigger: TriggerCheckpoint
+    all_finished: bool
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """The job is over (its final checkpoint complete): close and report."""
+
+
+# -- worker -> caller ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Acknowledged:
+    """A task's answer to a checkpoint, with the records its ``ListSink``
+    writers prepared for it (by sink uid), which the caller's sink commits."""
+
+    answer: AcknowledgeCheckpoint | DeclineCheckpoint
+    staged: dict[str, dict[tuple[int, str], list[Any]]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Counters:
+    """A task's counters for the metrics: records read (a source), records
+    in and out per operator, and its bounded inputs' fill (records queued,
+    capacity)."""
+
+    subtask: SubtaskId
+    records_read: int
+    operators: tuple[tuple[str, int, int], ...]
+    queued: int
+    capacity: int
+
+
+@dataclass(frozen=True)
+class TaskFinished:
+    """A task has run its end of input; ``seen``: the latest checkpoint it took part in."""
+
+    subtask: SubtaskId
+    seen: int
+
+
+@dataclass(frozen=True)
+class WorkerFailed:
+    """The worker's tasks failed: the job failure, as ``JobFailed`` has it,
+    and its root cause pickled (``None`` if it does not pickle)."""
+
+    message: str
+    operator: str | None
+    subtask: int | None
+    position: str | None
+    cause: bytes | None
+    cause_text: str
+
+
+@dataclass(frozen=True)
+class WorkerDone:
+    """The worker's tasks ended and closed: their counts and final keyed state."""
+
+    records_in: dict[str, int]
+    records_out: dict[str, int]
+    state: dict[str, dict[str, dict[Any, Any]]]

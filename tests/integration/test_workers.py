@@ -1,0 +1,285 @@
+"""Jobs over worker processes (``StreamEnvironment(workers=N)``).
+
+Each job here is compared with the same job in one process: the committed
+``ListSink`` records (a per-key running count, so the multiset is the same
+whatever the interleaving) and the final keyed state. Failures are real: a
+``FailingMap`` raising in a worker, and SIGKILL of a worker process at
+random moments while the job runs. After every test no child process of
+this one is left (the fixture asserts it).
+
+Each scenario runs in a fresh process (``in_clean_process``): workers are
+forked, and a process that has run RocksDB state itself (earlier tests of
+the same pytest process) refuses to fork them (``fork_hazard``).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sigkill_support import SRC, children_of, latest_checkpoint, seed, wait_for_exit
+
+import eddyflow as ef
+
+KEYS = 13
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind() -> Iterator[None]:
+    before = set(children_of(os.getpid()))
+    yield
+    left = wait_for_exit([p for p in children_of(os.getpid()) if p not in before], 5.0)
+    assert not left, f"child processes left behind: {left}"
+
+
+def in_clean_process(fn: Any, *args: Any) -> None:
+    """``fn(*args)`` in a new Python process; its failure (traceback) fails the test."""
+    code = ("import pickle, sys\n"
+            "import test_workers\n"
+            "name, args = pickle.load(sys.stdin.buffer)\n"
+            "getattr(test_workers, name)(*args)\n"
+            "from sigkill_support import children_of, wait_for_exit\n"
+            "import os\n"
+            "left = wait_for_exit(children_of(os.getpid()))\n"
+            "assert not left, f'worker processes left behind: {left}'\n")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(HERE), *filter(None, [
+        os.environ.get("PYTHONPATH")])])
+    proc = subprocess.run([sys.executable, "-c", code], input=pickle.dumps((fn.__name__, args)),
+                          capture_output=True, env=env, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-4000:]
+
+
+def count(record: Any, state: int | None) -> tuple[Any, int]:
+    n = (state or 0) + 1
+    return (record % KEYS, n), n
+
+
+def busy(record: int) -> int:
+    until = time.perf_counter() + 5e-6
+    while time.perf_counter() < until:
+        pass
+    return record
+
+
+def run(records: int, *, workers: int, directory: Path | None = None,
+        backend: ef.StateBackend | None = None, failing: Any = None,
+        restarts: int = 0, restore: str | None = None, slow: bool = False,
+        sink: ef.ListSink | None = None) -> tuple[list[Any], dict[Any, Any], ef.JobResult]:
+    env = ef.StreamEnvironment(parallelism=2, workers=workers)
+    if directory is not None:
+        env.enable_checkpointing(interval=0.05, directory=str(directory))
+    if backend is not None:
+        env.set_state_backend(backend)
+    if restarts:
+        env.set_restart_strategy(ef.FixedDelayRestart(attempts=restarts, delay=0.05))
+    sink = sink if sink is not None else ef.ListSink()
+    stream = env.from_collection(list(range(records))).rebalance().map(lambda x: x * 3)
+    if slow:
+        stream = stream.map(busy)
+    if failing is not None:
+        stream = stream.map(failing)
+    stream.key_by(lambda x: x % KEYS).map_with_state(count).name("count").sink_to(sink)
+    result = env.execute("workers", restore=restore)
+    return sorted(sink.results), dict(result.state("count")), result
+
+
+def expected(records: int) -> tuple[list[Any], dict[Any, Any]]:
+    out, state = [], {}
+    for x in range(records):
+        k = (x * 3) % KEYS
+        state[k] = state.get(k, 0) + 1
+        out.append((k, state[k]))
+    return sorted(out), state
+
+
+def same_as_one_process(tmp_path: Path, workers: int) -> None:
+    out, state, result = run(50_000, workers=workers, directory=tmp_path / "chk")
+    assert (out, state) == expected(50_000)
+    assert result.records_in["count"] == 50_000
+    assert result.completed_checkpoints  # the final one at least
+    assert not wait_for_exit(children_of(os.getpid()))
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_a_job_over_workers_gives_what_one_process_gives(tmp_path: Path, workers: int) -> None:
+    in_clean_process(same_as_one_process, tmp_path, workers)
+
+
+def restarts_every_worker(tmp_path: Path, backend: str) -> None:
+    from job_support import StateBackendFactory
+
+    failing = ef.testing.FailingMap(after=40_000, times=2)
+    out, state, result = run(150_000, workers=2, directory=tmp_path / "chk", failing=failing,
+                             backend=StateBackendFactory(backend).make(tmp_path), restarts=3)
+    assert failing.failures == 2  # counted across the workers and their restarts
+    assert result.restarts == 2
+    assert (out, state) == expected(150_000)
+
+
+def test_a_failure_in_a_worker_restarts_every_worker_exactly_once(
+        tmp_path: Path, state_backend: Any) -> None:
+    in_clean_process(restarts_every_worker, tmp_path, state_backend.name)
+
+
+def fails_naming_the_operator() -> None:
+    with pytest.raises(ef.JobFailed, match="InjectedFailure") as info:
+        run(20_000, workers=2, failing=ef.testing.FailingMap(after=5_000))
+    assert info.value.operator is not None
+    assert isinstance(info.value.__cause__, ef.testing.InjectedFailure)
+
+
+def test_a_failure_without_restarts_fails_the_job_naming_the_operator() -> None:
+    in_clean_process(fails_naming_the_operator)
+
+
+def refuses_after_rocksdb_in_process(tmp_path: Path) -> None:
+    run(1_000, workers=1, backend=ef.RocksDBStateBackend(str(tmp_path / "db")))
+    with pytest.raises(ef.JobFailed, match="RocksDB's background threads do not survive"):
+        run(1_000, workers=2)
+
+
+def test_a_process_that_ran_rocksdb_itself_refuses_to_fork_workers(tmp_path: Path) -> None:
+    in_clean_process(refuses_after_rocksdb_in_process, tmp_path)
+
+
+def test_sigkill_of_a_worker_at_random_moments_fails_over_exactly_once(tmp_path: Path) -> None:
+    in_clean_process(killed_twice, tmp_path)
+
+
+def killed_twice(tmp_path: Path) -> None:
+    """A worker is killed twice (kill -9), each time a random moment after a
+    checkpoint of its generation of workers: the job restarts them all from
+    its latest checkpoint, and the committed output is the failure-free one."""
+    rng = random.Random(seed(29))
+    chk = tmp_path / "chk"
+    kills: list[str] = []
+    stop = threading.Event()
+    me = os.getpid()
+
+    def killer() -> None:
+        killed: set[int] = set()
+        while len(kills) < 2 and not stop.is_set():
+            workers = [p for p in children_of(me) if p not in killed]
+            before = latest_checkpoint(chk)
+            if len(workers) < 2 or before == 0:
+                time.sleep(0.005)
+                continue
+            deadline = time.monotonic() + 5.0
+            while latest_checkpoint(chk) == before and time.monotonic() < deadline:
+                time.sleep(0.005)
+            time.sleep(rng.uniform(0.0, 0.1))
+            victim = rng.choice(workers)
+            try:
+                os.kill(victim, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            killed.update(workers)  # the next kill waits for the next generation
+            kills.append(f"pid {victim} after checkpoint {latest_checkpoint(chk)}")
+
+    thread = threading.Thread(target=killer)
+    thread.start()
+    try:
+        out, state, result = run(300_000, workers=2, directory=chk, restarts=5, slow=True)
+    finally:
+        stop.set()
+        thread.join()
+    assert len(kills) == 2, f"the job ended after {kills}"
+    assert result.restarts == 2, kills
+    assert (out, state) == expected(300_000), kills
+
+
+def test_a_checkpoint_of_two_workers_restores_with_one_and_with_three(tmp_path: Path) -> None:
+    in_clean_process(restores_with_one_and_three, tmp_path)
+
+
+def restores_with_one_and_three(tmp_path: Path) -> None:
+    chk = tmp_path / "chk"
+    first = ef.ListSink()  # what the failed run committed
+    with pytest.raises(ef.JobFailed):
+        run(200_000, workers=2, directory=chk, slow=True, sink=first,
+            failing=ef.testing.FailingMap(after=150_000))
+    assert latest_checkpoint(chk) > 0
+    want_out, want_state = expected(200_000)
+    for workers in (1, 3):
+        copy = tmp_path / f"chk-{workers}"
+        shutil.copytree(chk, copy)
+        out, state, _ = run(200_000, workers=workers, directory=copy, restore="latest")
+        assert state == want_state
+        # The failed run committed the output up to the restored checkpoint.
+        assert sorted(first.results + out) == want_out
+
+
+def test_what_cannot_cross_processes_yet_is_refused_in_one_line() -> None:
+    in_clean_process(refuses_a_loop)
+
+
+def refuses_a_loop() -> None:
+    env = ef.StreamEnvironment(workers=2)
+    loop = env.from_collection([5, 6]).iterate()
+    step = loop.map(lambda n: n - 1)
+    loop.close_with(step.filter(lambda n: n > 0))
+    step.sink_to(ef.ListSink())
+    with pytest.raises(ef.JobFailed, match="loop"):
+        env.execute("loop")
+
+
+@pytest.mark.parametrize("bad", [0, -1, "many", 1.5, True])
+def test_workers_must_be_a_positive_count_or_auto(bad: Any) -> None:
+    with pytest.raises(ValueError, match="workers"):
+        ef.StreamEnvironment(workers=bad)
+    assert ef.StreamEnvironment(workers="auto").workers == (os.cpu_count() or 1)
+
+
+def metrics_from_workers() -> None:
+    env = ef.StreamEnvironment(parallelism=2, workers=2)
+    samples: list[Any] = []
+    env.on_metrics(samples.append, every=0.05)
+    # Long enough (about a second of busy work per worker) for reports of
+    # the workers to come while it runs.
+    env.from_collection(list(range(400_000))).rebalance().map(busy).key_by(
+        lambda x: x % KEYS).map_with_state(count).name("count").sink_to(ef.ListSink())
+    result = env.execute("metrics")
+
+    def counted(m: Any) -> int:
+        return sum(o.records_in for o in m.operators if o.operator == "count")
+
+    assert result.metrics is not None and counted(result.metrics) == 400_000
+    assert {o.subtask for o in result.metrics.operators if o.operator == "count"} == {0, 1}
+    # While it ran, the callbacks saw the workers' counters grow.
+    assert any(0 < counted(m) < 400_000 for m in samples), [counted(m) for m in samples]
+
+
+def test_metrics_callbacks_see_the_counters_of_the_workers() -> None:
+    in_clean_process(metrics_from_workers)
+
+
+def cancelled_from_the_caller() -> None:
+    import anyio
+
+    async def main() -> None:
+        env = ef.StreamEnvironment(parallelism=2, workers=2)
+        env.from_collection(list(range(2_000_000))).rebalance().map(busy).key_by(
+            lambda x: x % KEYS).map_with_state(count).sink_to(ef.ListSink())
+        with anyio.move_on_after(1.0) as scope:
+            await env.execute_async("cancelled")
+        assert scope.cancelled_caught  # it was still running: cancelled, not finished
+
+    anyio.run(main)
+    assert not wait_for_exit(children_of(os.getpid()), 1.0)  # no worker outlives it
+
+
+def test_cancelling_execute_async_stops_the_workers() -> None:
+    in_clean_process(cancelled_from_the_caller)
