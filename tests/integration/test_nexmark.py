@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -162,18 +163,26 @@ def test_query_equals_reference_across_sigkills(name: str, tmp_path: Path) -> No
     job.env.update(NEXMARK_QUERY=name, NEXMARK_EVENTS=str(CONFIG.events))
     job.env["PYTHONPATH"] = os.pathsep.join([job.env["PYTHONPATH"], str(JOB.parent)])
     effective = 0
-    for _ in range(2):
+    for _ in range(6):  # two kills after a checkpoint of their run, at most six tries
         before = latest_checkpoint(chk)
         proc, stderr = job.start()
         if wait_for_checkpoint_after(proc, chk, before):
             time.sleep(0.1)
         if proc.poll() is not None:
             assert proc.wait() == 0, stderr.read_text(errors="replace")
-            break
+            if effective:
+                break
+            # The run finished before any kill after a checkpoint (a loaded
+            # machine's timing): start over from nothing.
+            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(chk, ignore_errors=True)
+            continue
         os.kill(proc.pid, signal.SIGKILL)
         assert proc.wait() in (-signal.SIGKILL, 0), stderr.read_text(errors="replace")
         assert not wait_for_writer_helpers_to_exit(proc.pid)
         effective += latest_checkpoint(chk) > before
+        if effective == 2:
+            break
     proc, stderr = job.start()
     try:
         rc = proc.wait(timeout=RUN_TIMEOUT)

@@ -75,7 +75,7 @@ def test_two_input_job_input_altered_before_the_position_fails_naming_the_keys(
         spark: Any, in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     infos = _run(in_tmp, monkeypatch)
     mid = next(i for i in infos if not i.final)
-    position = int(mid.operators["orders"]["subtasks"]["0"]["source"])
+    position = int(mid.operators["orders"]["subtasks"]["0"]["source"]["slice-0"])
     assert position > 20
     path = in_tmp / "in.orders"
     lines = path.read_text().splitlines()
