@@ -34,7 +34,7 @@ docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict --quiet
 
 test: lint docs
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" --durations=15
 
 test-all: lint docs
 	$(PY) -m pytest -q

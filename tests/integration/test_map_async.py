@@ -279,7 +279,8 @@ def run(tmp: Path, shape: str, *, n: int, ordered: bool, failing: Any | None, mo
 
 @pytest.mark.parametrize("shape", ["dag", "loop"])
 @pytest.mark.parametrize("ordered", [True, False])
-@pytest.mark.parametrize("mode", ["exactly_once", "unaligned", "synchronous"])
+@pytest.mark.parametrize("mode", ["exactly_once", "unaligned",
+                                  pytest.param("synchronous", marks=pytest.mark.slow)])
 def test_exactly_once_with_failures_while_calls_are_in_flight(
         tmp_path: Path, shape: str, ordered: bool, mode: str,
         state_backend: StateBackendFactory) -> None:

@@ -50,7 +50,14 @@ def committed(folder: Path) -> Counter[str]:
                    for line in part.read_text().splitlines())
 
 
-@pytest.mark.parametrize("windows", ["tumbling", "session"])
+# One pairing in the fast suite, every pairing in `make test-all` (the
+# RocksDB session run alone takes minutes of repeated kills).
+@pytest.mark.parametrize("backend_name, windows", [
+    ("memory", "tumbling"),
+    pytest.param("rocksdb", "tumbling", marks=pytest.mark.slow),
+    pytest.param("memory", "session", marks=pytest.mark.slow),
+    pytest.param("rocksdb", "session", marks=pytest.mark.slow),
+])
 def test_sigkill_of_two_input_operators_then_restore_latest_is_exactly_once(
         tmp_path: Path, state_backend: StateBackendFactory, windows: str) -> None:
     records = 6000
