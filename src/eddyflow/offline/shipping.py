@@ -255,7 +255,8 @@ import eddyflow, eddyflow.offline
 out = {}
 for name, mod in list(sys.modules.items()):
     top = name.partition(".")[0]
-    if name in before or "." in name or top in sys.stdlib_module_names:
+    # (``__mp_main__``: multiprocessing's alias of ``__main__``, not a package.)
+    if name in before or "." in name or top in sys.stdlib_module_names or name.startswith("__"):
         continue
     path = getattr(mod, "__path__", None)
     out[name] = list(path) if path is not None else getattr(mod, "__file__", None)
