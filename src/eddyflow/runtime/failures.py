@@ -14,7 +14,19 @@ from eddyflow.runtime.exchange.writers import KeyRoutingError, RecordWriter
 from eddyflow.runtime.operators.async_calls import AsyncCallFailed
 from eddyflow.runtime.operators.base import Operator
 
-__all__ = ["FailureReports", "TaskFailure"]
+__all__ = ["FailureReports", "TaskFailure", "exception_leaves"]
+
+
+def exception_leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
+    """The exceptions inside ``group`` and its nested groups, in order: a task
+    group's failure is told by its leaves, not by the group."""
+    leaves: list[BaseException] = []
+    for e in group.exceptions:
+        if isinstance(e, BaseExceptionGroup):
+            leaves.extend(exception_leaves(e))
+        else:
+            leaves.append(e)
+    return leaves
 
 
 class TaskFailure(Exception):

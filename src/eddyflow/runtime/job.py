@@ -33,7 +33,7 @@ from eddyflow.runtime.exchange.writers import (
     RebalanceWriter,
     RecordWriter,
 )
-from eddyflow.runtime.failures import TaskFailure
+from eddyflow.runtime.failures import TaskFailure, exception_leaves
 from eddyflow.runtime.operators.base import Operator, OperatorContext
 from eddyflow.runtime.operators.io import SinkSpec, SourceSpec
 from eddyflow.runtime.recovery.reinjection import (
@@ -279,10 +279,6 @@ class JobRunner:
         """Run snapshot writes with ``spawn`` (a task group's ``start_soon``)."""
         self._spawn = spawn
 
-    def failure_of(self, group: BaseExceptionGroup[Any]) -> BaseException:
-        """The job's failure, from the task group's exceptions (its root
-        cause as ``__cause__``)."""
-        return self._job_failed(group)
 
     def _spawn_write(self, fn: Any) -> None:
         # Snapshot writes run in the job's task group: a failing write fails
@@ -319,7 +315,7 @@ class JobRunner:
                 periodic.cancel()
         except BaseExceptionGroup as group:
             self._close_feedback()
-            failed = self._job_failed(group)
+            failed = self.failure_of(group)
             # Chain the root cause, not the task group's ExceptionGroup.
             raise failed from failed.__cause__
         finally:
@@ -364,18 +360,10 @@ class JobRunner:
         for ch in self.feedback_channels:
             ch.close()
 
-
-    def _job_failed(self, group: BaseExceptionGroup[Any]) -> BaseException:
-        leaves: list[BaseException] = []
-
-        def walk(e: BaseException) -> None:
-            if isinstance(e, BaseExceptionGroup):
-                for sub in e.exceptions:
-                    walk(sub)
-            else:
-                leaves.append(e)
-
-        walk(group)
+    def failure_of(self, group: BaseExceptionGroup[Any]) -> BaseException:
+        """The job's failure, from the task group's exceptions (its root
+        cause as ``__cause__``)."""
+        leaves = exception_leaves(group)
         for e in leaves:
             if not isinstance(e, Exception):
                 return e  # KeyboardInterrupt, SystemExit: not ours to wrap

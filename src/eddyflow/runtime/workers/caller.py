@@ -33,6 +33,7 @@ from eddyflow.runtime.checkpointing.messages import (
     TriggerCheckpoint,
 )
 from eddyflow.runtime.exchange.remote import Link
+from eddyflow.runtime.failures import exception_leaves
 from eddyflow.runtime.job import JobRunner, RuntimeConfig
 from eddyflow.runtime.recovery.reinjection import recover_sinks
 from eddyflow.runtime.recovery.restore import RestoredCheckpoint
@@ -315,17 +316,7 @@ class WorkerJobRunner(JobRunner):
 
     def failure_of(self, group: BaseExceptionGroup[Any]) -> BaseException:
         """The first worker's failure as it came, else the group's root cause."""
-        leaves: list[BaseException] = []
-
-        def walk(e: BaseException) -> None:
-            if isinstance(e, BaseExceptionGroup):
-                for sub in e.exceptions:
-                    walk(sub)
-            else:
-                leaves.append(e)
-
-        walk(group)
-        for e in leaves:
+        for e in exception_leaves(group):
             if isinstance(e, JobFailed):
                 return e
         return super().failure_of(group)
