@@ -45,11 +45,11 @@ def no_process_left_behind() -> Iterator[None]:
 
 
 def in_clean_process(fn: Any, *args: Any) -> None:
-    """``fn(*args)`` in a new Python process; its failure (traceback) fails the test."""
-    code = ("import pickle, sys\n"
-            "import test_workers\n"
-            "name, args = pickle.load(sys.stdin.buffer)\n"
-            "getattr(test_workers, name)(*args)\n"
+    """``fn(*args)`` (a module-level function of a test module) in a new
+    Python process; its failure (traceback) fails the test."""
+    code = ("import importlib, pickle, sys\n"
+            "module, name, args = pickle.load(sys.stdin.buffer)\n"
+            "getattr(importlib.import_module(module), name)(*args)\n"
             "from sigkill_support import children_of, wait_for_exit\n"
             "import os\n"
             "left = wait_for_exit(children_of(os.getpid()))\n"
@@ -57,8 +57,9 @@ def in_clean_process(fn: Any, *args: Any) -> None:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(HERE), *filter(None, [
         os.environ.get("PYTHONPATH")])])
-    proc = subprocess.run([sys.executable, "-c", code], input=pickle.dumps((fn.__name__, args)),
-                          capture_output=True, env=env, timeout=600, check=False)
+    what = pickle.dumps((fn.__module__, fn.__name__, args))
+    proc = subprocess.run([sys.executable, "-c", code], input=what, capture_output=True,
+                          env=env, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-4000:]
 
 

@@ -27,14 +27,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Callable
 from typing import Any
 
 import anyio
 
 from eddyflow.connectors.source import NotReplayableError, Source, SourceReader
 
-__all__ = ["AsyncIterableSource"]
+__all__ = ["AsyncIterableSource", "BufferedReader", "RelayedReader"]
 
 _log = logging.getLogger("eddyflow")
 
@@ -62,6 +62,11 @@ class AsyncIterableSource(Source):
     def name(self) -> str:
         return "async-iterable"
 
+    @property
+    def buffer(self) -> int:
+        """The most records read from the iterator ahead of the job."""
+        return self._buffer
+
     def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
         if self._used:
             raise NotReplayableError(
@@ -72,50 +77,41 @@ class AsyncIterableSource(Source):
         return _AsyncIterableReader(self._aiterable, self._buffer)
 
 
-class _AsyncIterableReader(SourceReader):
-    def __init__(self, aiterable: AsyncIterable[Any], buffer: int) -> None:
-        self._aiterable = aiterable
-        self._capacity = buffer
+class BufferedReader(SourceReader):
+    """The reader side of ``from_async_iterable``: records pushed into a
+    bounded buffer (by :meth:`push`, then :meth:`finish`), taken by the
+    task in batches; its position is the number of records emitted.
+
+    :class:`_AsyncIterableReader` pushes from the iterator in this process;
+    with worker processes the calling process reads the iterator and a
+    :class:`RelayedReader` in the worker is pushed what it sends
+    (``runtime/workers/``)."""
+
+    def __init__(self) -> None:
         self._items: collections.deque[Any] = collections.deque()
         self._consumed = 0
         self._done = False
-        self._error: Exception | None = None
+        self._error: BaseException | None = None
         #: Resolved when records (or the end) arrive: handed to the task.
         self._ready: asyncio.Future[None] | None = None
-        #: Resolved when the task takes records from a full buffer.
-        self._space: asyncio.Future[None] | None = None
 
-    async def fetch(self) -> None:
-        iterator = aiter(self._aiterable)
-        items = self._items
-        try:
-            async for item in iterator:
-                items.append(item)
-                ready = self._ready
-                if ready is not None and not ready.done():
-                    ready.set_result(None)
-                if len(items) >= self._capacity:
-                    # Back-pressure reaches the iterator: read no further
-                    # until the task has taken some.
-                    self._space = asyncio.get_running_loop().create_future()
-                    await self._space
-        except Exception as exc:  # handed to read_batch: the job fails naming the source
-            self._error = exc
-        finally:
-            self._done = True
-            ready = self._ready
-            if ready is not None and not ready.done():
-                ready.set_result(None)
-            aclose = getattr(iterator, "aclose", None)
-            if aclose is not None:
-                # An async generator left at a yield (the buffer full, the job
-                # cancelled) is finalised now, not whenever it is collected.
-                with anyio.CancelScope(shield=True):
-                    try:
-                        await aclose()
-                    except Exception as exc:  # its cleanup failed: nothing left to fail
-                        _log.warning("from_async_iterable: closing the iterator raised "
-                                     "%s: %s", type(exc).__name__, exc)
+    def push(self, items: list[Any]) -> None:
+        """Records for the task, in order."""
+        self._items.extend(items)
+        ready = self._ready
+        if ready is not None and not ready.done():
+            ready.set_result(None)
+
+    def finish(self, error: BaseException | None = None) -> None:
+        """No more records come (``error``: why, raised once the buffer is drained)."""
+        self._error = error
+        self._done = True
+        ready = self._ready
+        if ready is not None and not ready.done():
+            ready.set_result(None)
+
+    def taken(self, n: int) -> None:
+        """The task took ``n`` records from the buffer (room for more)."""
 
     async def read_batch(self, max_records: int) -> list[Any] | None:
         items = self._items
@@ -129,9 +125,7 @@ class _AsyncIterableReader(SourceReader):
         else:
             batch = [items.popleft() for _ in range(max_records)]
         self._consumed += len(batch)
-        space = self._space
-        if space is not None and not space.done():
-            space.set_result(None)
+        self.taken(len(batch))
         return batch
 
     def available(self) -> asyncio.Future[None] | None:
@@ -163,3 +157,60 @@ class _AsyncIterableReader(SourceReader):
                 "were never emitted: the job stopped first (the source is at-most-once)",
                 len(self._items), self._consumed)
             self._items.clear()
+
+
+class _AsyncIterableReader(BufferedReader):
+    """Pushes the iterator's records, at most ``buffer`` ahead of the task."""
+
+    def __init__(self, aiterable: AsyncIterable[Any], buffer: int) -> None:
+        super().__init__()
+        self._aiterable = aiterable
+        self._capacity = buffer
+        #: Resolved when the task takes records from a full buffer.
+        self._space: asyncio.Future[None] | None = None
+
+    def taken(self, n: int) -> None:
+        space = self._space
+        if space is not None and not space.done():
+            space.set_result(None)
+
+    async def fetch(self) -> None:
+        iterator = aiter(self._aiterable)
+        items = self._items
+        error: BaseException | None = None
+        try:
+            async for item in iterator:
+                self.push([item])
+                if len(items) >= self._capacity:
+                    # Back-pressure reaches the iterator: read no further
+                    # until the task has taken some.
+                    self._space = asyncio.get_running_loop().create_future()
+                    await self._space
+        except Exception as exc:  # handed to read_batch: the job fails naming the source
+            error = exc
+        finally:
+            self.finish(error)
+            aclose = getattr(iterator, "aclose", None)
+            if aclose is not None:
+                # An async generator left at a yield (the buffer full, the job
+                # cancelled) is finalised now, not whenever it is collected.
+                with anyio.CancelScope(shield=True):
+                    try:
+                        await aclose()
+                    except Exception as exc:  # its cleanup failed: nothing left to fail
+                        _log.warning("from_async_iterable: closing the iterator raised "
+                                     "%s: %s", type(exc).__name__, exc)
+
+
+class RelayedReader(BufferedReader):
+    """The reader of an async-iterable source in a worker process: the
+    calling process reads the iterator and sends its records; each batch
+    the task takes is handed to ``on_taken`` (the caller's credit: it
+    sends no more than the buffer holds)."""
+
+    def __init__(self, on_taken: Callable[[int], None]) -> None:
+        super().__init__()
+        self._on_taken = on_taken
+
+    def taken(self, n: int) -> None:
+        self._on_taken(n)

@@ -45,11 +45,13 @@ from eddyflow.runtime.workers.protocol import (
     AcknowledgeFinal,
     Counters,
     Shutdown,
+    SourceCredit,
     TaskFinished,
     ToTask,
     WorkerDone,
     WorkerFailed,
 )
+from eddyflow.runtime.workers.relay import IterableRelay, relays_of
 from eddyflow.runtime.workers.worker import WorkerJob
 
 __all__ = ["RemoteTask", "WorkerJobRunner"]
@@ -193,6 +195,7 @@ class WorkerJobRunner(JobRunner):
         self._links: list[Link] = []
         self._done: dict[int, WorkerDone] = {}
         self._ended: set[int] = set()
+        self._relays: dict[str, IterableRelay] = {}
 
     def build(self) -> list[Task]:
         """No task runs here: the coordinator gets one :class:`RemoteTask` per
@@ -254,6 +257,10 @@ class WorkerJobRunner(JobRunner):
                         await coordinator.run_periodic()
 
                 outer.start_soon(trigger_periodically, name="checkpoint-coordinator")
+                # Async iterables are read here and relayed (relay.py).
+                self._relays = relays_of(self.plan, self.placement.worker_of, self.send)
+                for uid, relay in self._relays.items():
+                    outer.start_soon(relay.run, name=f"relay {uid}")
                 for w in range(procs.count):
                     outer.start_soon(self._serve, procs, w, name=f"worker-{w}")
                 await self._final_done.wait()
@@ -302,6 +309,8 @@ class WorkerJobRunner(JobRunner):
                     coordinator.decline(msg.answer)
             elif isinstance(msg, Counters):
                 self.mirrors[msg.subtask].update(msg)
+            elif isinstance(msg, SourceCredit):
+                self._relays[msg.uid].add_credit(msg.records)
             elif isinstance(msg, TaskFinished):
                 proxy = by_id[msg.subtask]
                 proxy.mark_finished(msg.seen)

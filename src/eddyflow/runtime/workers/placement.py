@@ -14,11 +14,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from eddyflow.connectors.asynciter import AsyncIterableSource
 from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.runtime.checkpointing.barriers import CheckpointMode
 from eddyflow.runtime.checkpointing.coordinator import CheckpointConfig
-from eddyflow.runtime.operators.io import SourceSpec
 
 __all__ = ["Placement", "resolve_workers", "unsupported_with_workers"]
 
@@ -55,8 +53,7 @@ def unsupported_with_workers(plan: ExecutionPlan,
     A loop's end is detected by counting its records in flight in one
     process (``exchange/loops.py``); an unaligned barrier overtakes records
     queued at the consumer, which the producer records as its channel
-    state; a source from an async iterable reads the caller's iterator.
-    None of these crosses a process boundary here yet."""
+    state. Neither crosses a process boundary here yet."""
     if plan.loops:
         return "a job with a loop (iterate/close_with) runs in one process only"
     if checkpointing is not None and (CheckpointMode(checkpointing.mode)
@@ -66,10 +63,5 @@ def unsupported_with_workers(plan: ExecutionPlan,
     if channel_state:
         return ("the restored checkpoint holds records in flight (channel state of an "
                 "unaligned checkpoint), which only one process restores")
-    for node in plan.graph.nodes:
-        if isinstance(node.payload, SourceSpec) and isinstance(node.payload.source,
-                                                               AsyncIterableSource):
-            return (f"source '{node.uid}' reads an async iterable of the calling process, "
-                    "which worker processes cannot read")
     return None
 

@@ -27,6 +27,9 @@ __all__ = [
     "Acknowledged",
     "Counters",
     "Shutdown",
+    "SourceCredit",
+    "SourceEnd",
+    "SourceRecords",
     "TaskFinished",
     "ToTask",
     "WorkerDone",
@@ -59,7 +62,37 @@ class Shutdown:
     """The job is over (its final checkpoint complete): close and report."""
 
 
+@dataclass(frozen=True)
+class SourceRecords:
+    """Records of source ``uid``, read from an async iterable in the calling
+    process, for its reader in the worker (within the credit it gave)."""
+
+    uid: str
+    records: list[Any]
+
+
+@dataclass(frozen=True)
+class SourceEnd:
+    """Source ``uid``'s iterable in the calling process is exhausted, or
+    raised (``error``: pickled, ``None`` if it does not pickle;
+    ``error_text`` names it either way)."""
+
+    uid: str
+    error: bytes | None = None
+    error_text: str | None = None
+
+
 # -- worker -> caller ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SourceCredit:
+    """The worker's task took ``records`` of source ``uid``'s records: the
+    caller may send that many more."""
+
+    uid: str
+    records: int
+
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import pickle
 import time
 from typing import Any
@@ -20,7 +21,9 @@ from typing import Any
 import anyio
 
 from eddyflow.checkpoint.storage import CheckpointStorage
+from eddyflow.connectors.asynciter import AsyncIterableSource, RelayedReader
 from eddyflow.connectors.sink import ListSink
+from eddyflow.connectors.source import Source, SourceReader
 from eddyflow.errors import JobFailed
 from eddyflow.graph.plan import ExchangeSpec, ExecutionPlan
 from eddyflow.runtime.checkpointing.barriers import CheckpointMode
@@ -47,6 +50,9 @@ from eddyflow.runtime.workers.protocol import (
     AcknowledgeFinal,
     Counters,
     Shutdown,
+    SourceCredit,
+    SourceEnd,
+    SourceRecords,
     TaskFinished,
     ToTask,
     WorkerDone,
@@ -168,7 +174,36 @@ class WorkerRunner(JobRunner):
         self.peers = peers
         self.remote_in: dict[int, CreditedChannel] = {}
         self.remote_out: dict[int, RemoteOutChannel] = {}
+        #: Readers of the async-iterable sources placed here, by source uid:
+        #: the calling process reads the iterators and sends their records.
+        self.relays: dict[str, RelayedReader] = {}
         self._next_channel = 0
+
+    def _source_reader(self, uid: str, source: Source, subtask: int,
+                       parallelism: int) -> SourceReader:
+        if isinstance(source, AsyncIterableSource):
+            reader = RelayedReader(functools.partial(self._credit, uid))
+            self.relays[uid] = reader
+            return reader
+        return super()._source_reader(uid, source, subtask, parallelism)
+
+    def _credit(self, uid: str, records: int) -> None:
+        self.worker_coordinator.control.send(SourceCredit(uid, records))
+
+    def relay(self, msg: SourceRecords | SourceEnd) -> None:
+        """Hand what the caller read from an async iterable to its reader."""
+        reader = self.relays[msg.uid]
+        if isinstance(msg, SourceRecords):
+            reader.push(msg.records)
+            return
+        error: BaseException | None = None
+        if msg.error_text is not None:
+            try:
+                loaded = pickle.loads(msg.error) if msg.error is not None else None
+            except Exception:
+                loaded = None
+            error = loaded if isinstance(loaded, BaseException) else RuntimeError(msg.error_text)
+        reader.finish(error)
 
     def _runs_here(self, chain_index: int, subtask: int) -> bool:
         return self.placement.worker_of[(chain_index, subtask)] == self.worker
@@ -295,6 +330,9 @@ class WorkerJob:
                 if isinstance(msg, AcknowledgeFinal):
                     coordinator.job_finished |= msg.all_finished
                     acknowledge_final(by_id[msg.subtask], msg.trigger)
+                    continue
+                if isinstance(msg, SourceRecords | SourceEnd):
+                    runner.relay(msg)
                     continue
                 assert isinstance(msg, ToTask)
                 task, m = by_id[msg.subtask], msg.message
