@@ -40,11 +40,11 @@ def confirmed_flush(dsn: str, slot: str) -> int:
                               "WHERE slot_name = %s", params=(slot,))[0][0])
 
 
-def cdc_position(chk: Path, checkpoint_id: int) -> Any:
+def cdc_position(chk: Path, checkpoint_id: int, source: str = "cdc") -> Any:
     """The position checkpoint ``checkpoint_id`` holds for the source named
-    'cdc' (that of its one split, the slot)."""
+    ``source`` (that of its one split, the slot)."""
     meta = CheckpointMetadata.from_json(CheckpointStorage(chk).read_metadata(checkpoint_id))
-    positions = meta.operators["cdc"].subtasks[0].position
+    positions = meta.operators[source].subtasks[0].position
     assert isinstance(positions, dict) and len(positions) == 1, positions
     return next(iter(positions.values()))
 

@@ -4,6 +4,8 @@ publication, role or slot at fault, raised as the job's failure."""
 from __future__ import annotations
 
 import re
+import threading
+import time
 from pathlib import Path
 
 import psycopg
@@ -82,10 +84,27 @@ def test_restore_needing_wal_the_server_no_longer_keeps(postgres_dsn: str, tmp_p
     sql(postgres_dsn, "CREATE TABLE t (id int PRIMARY KEY)")
     src = PostgresCdcSource(postgres_dsn, ["t"], slot="gone", snapshot=False, until_lsn=0)
     run_cdc(src)
+    before = wal_lsn(postgres_dsn)
     sql(postgres_dsn, "INSERT INTO t VALUES (1)")
-    src.until_lsn = wal_lsn(postgres_dsn)
     chk = tmp_path / "chk"
-    assert len(run_cdc(src, chk=chk)) == 1
+    # A checkpoint taken while the job runs, past the insert: its split is
+    # open, so a restore from it opens the slot at its LSN. (The final
+    # checkpoint's split is read to its end, and a restore does not open
+    # it again; on a loaded machine the job could read the insert and end
+    # before any periodic checkpoint.) The job ends once one is taken.
+    src.until_lsn = None
+    out: list[list[dict[str, object]]] = []
+    job = threading.Thread(target=lambda: out.append(run_cdc(src, chk=chk)))
+    job.start()
+    try:
+        deadline = time.monotonic() + 120
+        while (first := _past(chk, before)) is None:
+            assert job.is_alive() and time.monotonic() < deadline, "no checkpoint past the insert"
+            time.sleep(0.02)
+    finally:
+        src.until_lsn = wal_lsn(postgres_dsn)
+        job.join(120)
+    assert [len(o) for o in out] == [1]
     if how == "dropped":
         sql(postgres_dsn, "SELECT pg_drop_replication_slot('gone')")
         expected = r"at the checkpoint's LSN [0-9A-F]+/[0-9A-F]+: replication slot 'gone' " \
@@ -97,11 +116,20 @@ def test_restore_needing_wal_the_server_no_longer_keeps(postgres_dsn: str, tmp_p
             "SELECT pg_replication_slot_advance('gone', pg_current_wal_insert_lsn())")
         expected = r"at the checkpoint's LSN [0-9A-F]+/[0-9A-F]+: replication slot 'gone' " \
                    r"is at [0-9A-F]+/[0-9A-F]+, past it"
-    # The first checkpoint that holds a position: the final one's split is
-    # read to its end, and a restore does not open it again.
-    first = next(c for c in ef.list_checkpoints(chk) if cdc_position(chk, c.id)["lsn"])
-    msg = failure(src, chk=chk, restore=str(first.path))
+    msg = failure(src, chk=chk, restore=str(first))
     assert re.search(expected, msg), msg
+
+
+def _past(chk: Path, lsn: int) -> Path | None:
+    """A completed checkpoint whose CDC position is past ``lsn``, if any."""
+    for c in ef.list_checkpoints(chk) if chk.exists() else []:
+        try:
+            position = cdc_position(chk, c.id)["lsn"]
+        except OSError:  # removed meanwhile
+            continue
+        if position is not None and position > lsn:
+            return Path(c.path)
+    return None
 
 
 def test_snapshot_of_a_table_without_primary_key(postgres_dsn: str) -> None:

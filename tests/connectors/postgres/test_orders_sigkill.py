@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 
 import psycopg
-from cdc_support import confirmed_flush, sql, wal_lsn
+from cdc_support import cdc_position, confirmed_flush, sql, wal_lsn
 from sigkill_support import RUN_TIMEOUT, JobProcess, latest_checkpoint, wait_for_checkpoint_after
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "postgres_orders.py"
@@ -54,6 +54,18 @@ def workload(dsn: str, stop: threading.Event, rnd: random.Random) -> None:
             time.sleep(0.002)
 
 
+def snapshot_done(chk: Path) -> bool:
+    """Whether the newest checkpoint's CDC position is past the snapshot."""
+    latest = latest_checkpoint(chk)
+    if not latest:
+        return False
+    try:
+        position = cdc_position(chk, latest, "orders-cdc")
+    except OSError:  # removed meanwhile (a newer one is retained): look again
+        return False
+    return position["lsn"] is not None and position["snapshot"] is None
+
+
 def slot_position(dsn: str) -> int:
     rows = sql(dsn, "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", params=(SLOT,))
     return confirmed_flush(dsn, SLOT) if rows else 0
@@ -86,6 +98,19 @@ def test_orders_example_exactly_once_under_sigkill(postgres_dsn: str, tmp_path: 
             positions.append(slot_position(postgres_dsn))
         job.env["EDDYFLOW_PG_UNTIL"] = str(until)
         proc, stderr = job.start()
+        # An insert, update and delete that the stream must carry (as "c",
+        # "u", "d"): made once a checkpoint shows the snapshot read. While
+        # the snapshot still runs, the workload's new rows (keys past its
+        # chunks) are read by it, as "r": on a loaded machine it can last
+        # as long as the workload.
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while not snapshot_done(chk):
+            assert proc.poll() is None, stderr.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the snapshot never completed"
+            time.sleep(0.05)
+        sql(postgres_dsn, "INSERT INTO orders VALUES (0, 'c00', 1.0)")
+        sql(postgres_dsn, "UPDATE orders SET amount = 2.0 WHERE id = 0")
+        sql(postgres_dsn, "DELETE FROM orders WHERE id = 0")
         time.sleep(1.0)  # the last run also streams changes made while it runs
     finally:
         stop.set()
@@ -100,6 +125,8 @@ def test_orders_example_exactly_once_under_sigkill(postgres_dsn: str, tmp_path: 
     assert duplicates == [], f"changes appended twice: {duplicates[:5]}"
     ops = {op for (op,) in sql(postgres_dsn, "SELECT DISTINCT op FROM order_changes")}
     assert ops == {"r", "c", "u", "d"}
+    streamed = sql(postgres_dsn, "SELECT op FROM order_changes WHERE id = 0 ORDER BY lsn")
+    assert [op for (op,) in streamed] == ["c", "u", "d"]
     assert sql(postgres_dsn, "SELECT gid FROM pg_prepared_xacts") == []
     # The slot is acknowledged only as checkpoints complete: it never goes
     # back, and it moved on over the runs.
