@@ -33,11 +33,16 @@ lint: $(STAMP)
 docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict --quiet
 
+# Two pytest processes (tests/conftest.py says why and how Spark's tests are
+# kept in one); TEST_PROCESSES=0 runs the suite in this process.
+TEST_PROCESSES ?= 2
+PYTEST := $(PY) -m pytest -q -n $(TEST_PROCESSES) --dist loadgroup
+
 test: lint docs
-	$(PY) -m pytest -q -m "not slow" --durations=15
+	$(PYTEST) -m "not slow" --durations=15
 
 test-all: lint docs
-	$(PY) -m pytest -q
+	$(PYTEST)
 
 # Only the tests on the local Spark standalone cluster (also part of `test`).
 test-cluster: $(STAMP)

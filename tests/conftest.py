@@ -19,6 +19,13 @@ the PostgreSQL installed on the machine, stopped at the end, nothing left
 running); ``postgres_dsn``: a fresh database on it for one test. Without an
 installed server these tests skip with one line, unless
 ``EDDYFLOW_REQUIRE_POSTGRES=1`` (set by ``.ci/run``) makes that an error.
+
+``make test`` runs the suite over two pytest processes (pytest-xdist,
+``--dist loadgroup``): the suite waits more than it computes (checkpoint
+intervals, subprocesses, servers starting), so two processes share two
+cores well. Every test that uses Spark (the ``spark`` session, the
+``standalone`` cluster, the offline folder) is put in one group, so one process starts the
+JVMs and the other never does; each process has its own PostgreSQL server.
 """
 
 from __future__ import annotations
@@ -36,6 +43,20 @@ from eddyflow.connectors.postgres.server import PostgresNotInstalled, TemporaryP
 
 settings.register_profile("eddyflow", deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "eddyflow"))
+
+
+#: Fixtures that start JVMs: their tests all run in one xdist process.
+SPARK_FIXTURES = frozenset({"spark", "standalone"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Group the tests that start Spark (see the module docstring): those
+    using its fixtures, and the offline folder, whose CLI tests start their
+    own ``local[2]`` drivers."""
+    for item in items:
+        if (SPARK_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+                or item.nodeid.startswith("tests/offline/")):
+            item.add_marker(pytest.mark.xdist_group("spark"))
 
 
 @pytest.fixture(params=BACKENDS)
