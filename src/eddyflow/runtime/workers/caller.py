@@ -44,12 +44,15 @@ from eddyflow.runtime.workers.protocol import (
     Acknowledged,
     AcknowledgeFinal,
     Counters,
+    LoopCounts,
+    LoopIdle,
     Shutdown,
     TaskFinished,
     ToTask,
     WorkerDone,
     WorkerFailed,
 )
+from eddyflow.runtime.workers.termination import LoopTermination
 from eddyflow.runtime.workers.worker import WorkerJob
 
 __all__ = ["RemoteTask", "WorkerJobRunner"]
@@ -193,6 +196,7 @@ class WorkerJobRunner(JobRunner):
         self._links: list[Link] = []
         self._done: dict[int, WorkerDone] = {}
         self._ended: set[int] = set()
+        self._loops = LoopTermination(0, 0, self.send)
 
     def build(self) -> list[Task]:
         """No task runs here: the coordinator gets one :class:`RemoteTask` per
@@ -240,6 +244,7 @@ class WorkerJobRunner(JobRunner):
         job = WorkerJob(self.plan, self.config, self.job_name, self.checkpointing,
                         self.restore, self.placement, coordinator.run_id)
         procs = WorkerProcesses(self.config.workers, job.main)
+        self._loops = LoopTermination(len(self.plan.loops), procs.count, self.send)
         procs.start()
         ok = False
         try:
@@ -302,6 +307,10 @@ class WorkerJobRunner(JobRunner):
                     coordinator.decline(msg.answer)
             elif isinstance(msg, Counters):
                 self.mirrors[msg.subtask].update(msg)
+            elif isinstance(msg, LoopIdle):
+                self._loops.on_idle(worker, msg)
+            elif isinstance(msg, LoopCounts):
+                self._loops.on_counts(worker, msg)
             elif isinstance(msg, TaskFinished):
                 proxy = by_id[msg.subtask]
                 proxy.mark_finished(msg.seen)
