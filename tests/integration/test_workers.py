@@ -223,17 +223,19 @@ def restores_with_one_and_three(tmp_path: Path) -> None:
 
 
 def test_what_cannot_cross_processes_yet_is_refused_in_one_line() -> None:
-    in_clean_process(refuses_a_loop)
+    in_clean_process(refuses_an_async_iterable)
 
 
-def refuses_a_loop() -> None:
+def refuses_an_async_iterable() -> None:
+    # (Loops run over workers: test_workers_loops.py.)
+    async def numbers() -> Any:
+        for n in (5, 6):
+            yield n
+
     env = ef.StreamEnvironment(workers=2)
-    loop = env.from_collection([5, 6]).iterate()
-    step = loop.map(lambda n: n - 1)
-    loop.close_with(step.filter(lambda n: n > 0))
-    step.sink_to(ef.ListSink())
-    with pytest.raises(ef.JobFailed, match="loop"):
-        env.execute("loop")
+    env.from_async_iterable(numbers()).map(lambda n: n - 1).sink_to(ef.ListSink())
+    with pytest.raises(ef.JobFailed, match="async iterable"):
+        env.execute("async iterable")
 
 
 @pytest.mark.parametrize("bad", [0, -1, "many", 1.5, True])
