@@ -35,10 +35,10 @@ and when ``D_k = S_{k+1}`` all of these are equal: at the instant ``t1``
 nothing was in the loop. If every worker also reported its entries ended in
 wave ``k`` (they stay ended), the loop was empty for good at ``t1``: the
 coordinator tells every worker (:class:`EndLoop`), whose loop heads then end
-the loop as in one process (end of input round the loop). Two waves that
-read nothing in flight (four equal sums) prove it; one wave never does (a
-record put in after one worker answered and consumed before another did
-is in neither count).
+the loop as in one process (end of input round the loop). Two waves are
+needed: one wave alone can read ``S_k = D_k`` with records in the loop (a
+record put in after one worker answered and consumed before another did is
+in neither count, while its outputs are).
 
 Waves are run when they can succeed, not on a timer, so a bounded job ends
 as soon as its loops are empty, and a busy loop is not probed all the time:
@@ -54,9 +54,12 @@ as soon as its loops are empty, and a busy loop is not probed all the time:
 
 That it ends: once the loop is empty and its entries ended, each worker's
 counts stopped changing at some last change, after which one of its loop
-tasks ran out of input and reported; the coordinator started a wave after
-the last of these reports, which reads the final counts everywhere (nothing
-in flight), and then the confirming wave.
+tasks ran out of input and reported (links are FIFO: an answer a worker
+sent before its entries ended arrives before that report, so no worker is
+then still known to have one open). The coordinator starts a wave after the
+last of these reports, at once or when the wave in flight ends; it reads
+the final counts everywhere, nothing in flight, and the confirming wave
+concludes.
 """
 
 from __future__ import annotations
