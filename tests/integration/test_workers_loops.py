@@ -1,6 +1,8 @@
 """Cyclic jobs (``iterate``/``close_with``) over worker processes.
 
-The loop's keyed body and its keyed back-edge cross between the workers, so
+The loop's keyed body crosses between the workers, and so does its
+back-edge when it is rebalanced (a keyed back-edge at the body's
+parallelism and key goes back to the head subtask of the same worker), so
 records go round the loop through both processes, and the loop ends only
 when the caller has found it empty in every worker
 (``runtime/workers/termination.py``). Each job is compared with what a
@@ -17,6 +19,7 @@ Each scenario runs in a fresh process (``in_clean_process``), as in
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import random
@@ -102,7 +105,8 @@ class Busy:
 def run(records: int, rounds: int, *, workers: int, directory: Path | None = None,
         backend: ef.StateBackend | None = None, failing: Any = None, restarts: int = 0,
         restore: str | None = None, busy: float = 0.0, feedback: str = "keyed",
-        sink: ef.ListSink | None = None) -> tuple[Counter[Any], dict[Any, Any], ef.JobResult]:
+        sink: ef.ListSink | None = None, feedback_memory: int | None = None,
+        ) -> tuple[Counter[Any], dict[Any, Any], ef.JobResult]:
     """``records`` records ``(key, id, rounds)`` go ``rounds`` times round a
     loop with a keyed count of passes in it; each that leaves adds to a
     per-key count, which the sink gets."""
@@ -113,6 +117,10 @@ def run(records: int, rounds: int, *, workers: int, directory: Path | None = Non
         env.set_state_backend(backend)
     if restarts:
         env.set_restart_strategy(ef.FixedDelayRestart(attempts=restarts, delay=0.05))
+    if feedback_memory is not None:
+        # (No public setting: records a feedback channel keeps before spilling.)
+        config = dataclasses.replace(env._runtime_config(), feedback_memory=feedback_memory)
+        env._runtime_config = lambda: config  # type: ignore[method-assign]
     sink = sink if sink is not None else ef.ListSink()
     src = env.from_collection([(i % KEYS, i, rounds) for i in range(records)]).name("src")
     loop = src.iterate().name("head")
@@ -164,7 +172,7 @@ def restarts_every_worker(tmp_path: Path, backend: str) -> None:
 
     failing = ef.testing.FailingMap(after=15_000, times=2)
     out, passes, result = run(4_000, 12, workers=2, directory=tmp_path / "chk",
-                              failing=failing, restarts=3,
+                              failing=failing, restarts=3, feedback="rebalance",
                               backend=StateBackendFactory(backend).make(tmp_path))
     assert failing.failures == 2
     assert result.restarts == 2
@@ -176,6 +184,23 @@ def restarts_every_worker(tmp_path: Path, backend: str) -> None:
 def test_failures_in_a_loop_over_workers_restart_them_exactly_once(
         tmp_path: Path, state_backend: Any) -> None:
     in_clean_process(restarts_every_worker, tmp_path, state_backend.name)
+
+
+def spilling_feedback(tmp_path: Path) -> None:
+    failing = ef.testing.FailingMap(after=10_000, times=1)
+    out, passes, result = run(3_000, 8, workers=2, directory=tmp_path / "chk",
+                              failing=failing, restarts=2, feedback_memory=2,
+                              feedback="rebalance")
+    assert result.restarts == 1
+    assert (out, passes) == expected(3_000, 8)
+
+
+def test_back_edges_between_workers_spill_to_disk_and_recover_exactly_once(
+        tmp_path: Path) -> None:
+    """A feedback memory of 2 records: the head's end of each back-edge (fed
+    from the other worker too) spills nearly every batch, barriers and logged
+    records included, and a restart restores the loop exactly."""
+    in_clean_process(spilling_feedback, tmp_path)
 
 
 def logged_in(info: ef.CheckpointInfo) -> int:
@@ -254,7 +279,7 @@ def restores_with_one_and_three(tmp_path: Path) -> None:
     chk = tmp_path / "chk"
     first = ef.ListSink()  # what the failed run committed
     with pytest.raises(ef.JobFailed, match="InjectedFailure"):
-        run(4_000, 12, workers=2, directory=chk, sink=first,
+        run(4_000, 12, workers=2, directory=chk, sink=first, feedback="rebalance",
             failing=FailWithRecordsInFlight(chk))
     latest = ef.list_checkpoints(chk)[-1]
     assert logged_in(latest) > 0, "the checkpoint to restore holds no records in flight"
@@ -262,7 +287,8 @@ def restores_with_one_and_three(tmp_path: Path) -> None:
     for workers in (1, 3):
         copy = tmp_path / f"chk-{workers}"
         shutil.copytree(chk, copy)
-        out, passes, _ = run(4_000, 12, workers=workers, directory=copy, restore="latest")
+        out, passes, _ = run(4_000, 12, workers=workers, directory=copy, restore="latest",
+                             feedback="rebalance")
         assert passes == want_passes
         # The failed run committed the output up to the restored checkpoint.
         assert Counter(first.results) + out == want_out
