@@ -17,6 +17,14 @@ Goal: ABS at 1 s >= 0.9x the throughput without checkpoints.
 
     python benchmarks/iterations.py            # 100,000 numbers (~10.8M steps), 3 rounds
     python benchmarks/iterations.py --quick    # 8,000 numbers, 2 rounds
+    python benchmarks/iterations.py --quick --workers 2   # over 2 worker processes
+
+With ``--workers N`` the subtasks run in N worker processes: the keyed
+feedback then crosses between them, and the loop ends when the caller has
+found it empty in every worker (runtime/workers/termination.py). It also
+prints how long a loop of ten numbers takes end to end (start-up, the loop,
+its end, shutdown: best of three), which shows that the end of a loop is not
+waited for.
 """
 
 from __future__ import annotations
@@ -63,8 +71,8 @@ class Run:
     checkpoints: list[ef.CheckpointInfo] = field(default_factory=list)
 
 
-def run_once(numbers: int, interval: float | None) -> Run:
-    env = ef.StreamEnvironment(parallelism=PARALLELISM)
+def run_once(numbers: int, interval: float | None, workers: int = 1) -> Run:
+    env = ef.StreamEnvironment(parallelism=PARALLELISM, workers=workers)
     folder = tempfile.mkdtemp(prefix="eddyflow-iterations-")
     try:
         if interval is not None:
@@ -98,20 +106,25 @@ def main(argv: list[str]) -> int:
     p.add_argument("--numbers", type=int, default=None, help="numbers to run (default 100,000)")
     p.add_argument("--repeat", type=int, default=None, help="interleaved rounds (default 3)")
     p.add_argument("--quick", action="store_true", help="8,000 numbers, 2 rounds")
+    p.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--json", default=None, help="write results to this file")
     args = p.parse_args(argv)
+    workers = args.workers
     numbers = args.numbers or (8_000 if args.quick else 100_000)
     repeat = args.repeat or (2 if args.quick else 3)
     cases: dict[str, float | None] = {"none": None, "ABS 1 s": 1.0, "ABS 0.1 s": 0.1}
     runs: dict[str, list[Run]] = {k: [] for k in cases}
-    run_once(min(numbers, 2000), None)  # warm-up
+    run_once(min(numbers, 2000), None, workers)  # warm-up
     print(f"iterations: Collatz loop over 1..{numbers:,}, parallelism {PARALLELISM}, "
+          f"{workers} worker process{'es' if workers > 1 else ''}, "
           f"{repeat} interleaved rounds", flush=True)
+    tiny = min(run_once(10, None, workers).seconds for _ in range(3))
+    print(f"  a loop of 10 numbers end to end: {tiny * 1000:.0f} ms", flush=True)
     mismatches = []
     for r in range(repeat):
         order = list(cases) if r % 2 == 0 else list(reversed(cases))
         for name in order:
-            run = run_once(numbers, cases[name])
+            run = run_once(numbers, cases[name], workers)
             runs[name].append(run)
             ref = runs["none"][0] if runs["none"] else None
             if ref is not None and (run.final != ref.final or run.steps != ref.steps):
@@ -122,7 +135,8 @@ def main(argv: list[str]) -> int:
     print()
     print(f"{'case':<10} {'steps/s':>12} {'vs none':>8} {'chk/run':>8} {'dur p50':>8} "
           f"{'log recs p50':>13} {'log recs max':>13} {'log bytes max':>14}")
-    report: dict[str, Any] = {"numbers": numbers, "repeat": repeat, "cases": {}}
+    report: dict[str, Any] = {"numbers": numbers, "repeat": repeat, "workers": workers,
+                              "ten_numbers_seconds": tiny, "cases": {}}
     for name, rs in runs.items():
         rate = statistics.median(x.steps / x.seconds for x in rs)
         chks = [c for x in rs for c in x.checkpoints]

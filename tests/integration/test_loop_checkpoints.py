@@ -64,6 +64,7 @@ import dataclasses
 import itertools
 import json
 import logging
+import multiprocessing
 import os
 import threading
 import time
@@ -84,6 +85,7 @@ from eddyflow.runtime import job as job_module
 from eddyflow.runtime import task as task_module
 from eddyflow.runtime.exchange.feedback import FeedbackChannel
 from eddyflow.runtime.recovery.restore import RestoredCheckpoint
+from eddyflow.runtime.workers.process import fork_hazard
 
 # The property test's records: key, value, rounds left, inner rounds left, as a
 # tuple, or as a dict or list (in SHAPES) that the loop body changes in place.
@@ -350,10 +352,17 @@ class FailWhileLogging:
         self.spy = spy
         self.times = times
         self.skip = skip  # logging moments to let pass first
-        self.failures = 0
+        # Failures, in shared memory: counted across the worker processes
+        # of a job over workers (forked, each seeing the heads it runs).
+        self._failures = multiprocessing.RawValue("q", 0)
+        self._claim = multiprocessing.Lock()
         self.seen_logging = 0
         self.failed_in: int = -1  # tasks created when it last failed: one failure an attempt
         self.lock = threading.Lock()
+
+    @property
+    def failures(self) -> int:
+        return int(self._failures.value)
 
     def __call__(self, r: Any) -> Any:
         if self.failures >= self.times or not self.spy.logging_heads():
@@ -364,7 +373,15 @@ class FailWhileLogging:
             self.seen_logging += 1
             if self.seen_logging <= self.skip:
                 return r
-            self.failures += 1
+            # (Not waited for forever: a worker killed holding it.)
+            if not self._claim.acquire(timeout=1.0):
+                return r
+            try:
+                if self._failures.value >= self.times:
+                    return r
+                self._failures.value += 1
+            finally:
+                self._claim.release()
             self.failed_in = len(self.spy.tasks)
         raise ef.testing.InjectedFailure("failure while a back-edge log is recorded")
 
@@ -455,9 +472,15 @@ class Case:
     # The RocksDB backend's settings (None: the memory backend).
     cache_size: int | None = None  # entries in each state's write cache
     incremental: bool = True
+    # Worker processes of the checked run (docs/concepts/workers.md).
+    workers: int = 1
 
 
 PAR = st.sampled_from([0, 0, 1, 2, 3])
+# Fault points armed in the calling process: with workers, the others would
+# be armed anew in each worker process of each attempt (forked after arming).
+CALLER_FAULT_POINTS = ("checkpoint.before_metadata", "sink.before_commit")
+UNALIGNED = ("unaligned", "aligned_timeout")
 # RocksDB write caches: smaller than the keys of a subtask (flushed and
 # emptied while records flow, values read back from the database), or all.
 ROCKSDB_CACHES = (2, 8, 100_000)
@@ -476,11 +499,21 @@ def cases(draw: st.DrawFn, modes: tuple[str, ...], rocksdb: bool = False) -> Cas
             k = "map"
         seen.add(k)
         body.append(BodyOp(k, draw(PAR)))
+    # A third of the checked runs over two worker processes; as in
+    # test_checkpoint_properties.py, not with RocksDB (run in this process
+    # by earlier examples, which rules out forking), and then in a mode and
+    # with fault points that work over workers: unaligned checkpoints of a
+    # loop need one process, and a fault point armed here would be armed
+    # anew in each worker process of each attempt.
+    aligned = tuple(m for m in modes if m not in UNALIGNED)
+    workers = 1 if rocksdb or not aligned else draw(st.sampled_from([1, 1, 2]))
     fail_at = draw(st.none() | st.integers(0, len(body)))
-    fault_point = draw(st.none() | st.sampled_from(FAULT_POINTS))
+    fault_point = draw(st.none() | st.sampled_from(
+        FAULT_POINTS if workers == 1 else CALLER_FAULT_POINTS))
     fail_while_logging = draw(st.booleans())
     if fail_at is None and fault_point is None and not fail_while_logging:
         fail_at = draw(st.integers(0, len(body)))
+    mode = draw(st.sampled_from(modes if workers == 1 else aligned))
     return Case(
         n_records=draw(st.integers(150, 400)),
         n_keys=draw(st.integers(2, 25)),
@@ -498,7 +531,7 @@ def cases(draw: st.DrawFn, modes: tuple[str, ...], rocksdb: bool = False) -> Cas
         after_parallelism=draw(st.integers(1, 3)),
         batch_size=draw(st.integers(4, 32)),
         interval=draw(st.floats(0.005, 0.05)),
-        mode=draw(st.sampled_from(modes)),
+        mode=mode,
         file_sink=draw(st.sampled_from([False, False, True])),
         fail_at=fail_at,
         fail_fraction=draw(st.floats(0.05, 0.95)),
@@ -509,6 +542,7 @@ def cases(draw: st.DrawFn, modes: tuple[str, ...], rocksdb: bool = False) -> Cas
         shape=draw(st.sampled_from(SHAPES)),
         cache_size=draw(st.sampled_from(ROCKSDB_CACHES)) if rocksdb else None,
         incremental=draw(st.sampled_from([True, True, False])) if rocksdb else True,
+        workers=workers,
     )
 
 
@@ -659,6 +693,7 @@ class Stats:
     fault_fired: int = 0
     logging_failures: int = 0
     mutable_failed: int = 0  # examples with dict or list records that failed
+    over_workers: int = 0  # examples whose checked run ran over worker processes
 
 
 def check_case(case: Case, workdir: Path, stats: Stats, spy: Spy,
@@ -675,9 +710,12 @@ def check_case(case: Case, workdir: Path, stats: Stats, spy: Spy,
     reference = [canon(r) for r in ref_sink.results]
     through_failing = ref.records_in.get("failing", 0)
 
-    # The checked run.
+    # The checked run. Earlier tests of this process may have run RocksDB
+    # in it, which rules out forking workers (workers/process.py, fork_hazard).
     os.makedirs(workdir)
-    env = ef.StreamEnvironment(parallelism=2, batch_size=case.batch_size)
+    workers = case.workers if fork_hazard() is None else 1
+    stats.over_workers += workers > 1
+    env = ef.StreamEnvironment(parallelism=2, batch_size=case.batch_size, workers=workers)
     env.enable_checkpointing(case.interval, workdir / "chk", retained=1000,
                              **mode_options(case.mode))
     env.set_restart_strategy(ef.FixedDelayRestart(attempts=8, delay=0))
@@ -798,6 +836,8 @@ def test_loops_survive_random_failures_soak(tmp_path: Path, spy: Spy,
     assert stats.restores_reinjecting >= 0.05 * stats.examples, stats
     assert stats.logging_failures >= 0.1 * stats.examples, stats
     assert stats.fault_fired >= 0.1 * stats.examples, stats
+    if not state_backend.rocksdb:
+        assert stats.over_workers >= 0.1 * stats.examples, stats
 
 
 # -- (b) in-flight loop records survive a failure ------------------------------------

@@ -64,9 +64,11 @@ from job_support import StateBackendFactory, keyed_backends
 from sigkill_support import (
     RUN_TIMEOUT,
     JobProcess,
+    children_of,
     latest_checkpoint,
     seed,
     wait_for_checkpoint_after,
+    wait_for_exit,
 )
 
 import eddyflow as ef
@@ -190,12 +192,15 @@ def check_output(got: list[Output], values: dict[tuple[str, int], int],
 
 
 def kill_and_restart(tmp: Path, backend: StateBackendFactory, *, records: int, keys: int,
-                     max_rounds: int, kills: int, slow: float, seed: int) -> None:
+                     max_rounds: int, kills: int, slow: float, seed: int,
+                     workers: int = 1) -> None:
     rng = random.Random(seed)
     log, out, chk = tmp / "log", tmp / "out", tmp / "chk"
     written = fill_log(log, records, keys, max_rounds)
     values, final = expected_output(written)
     job = JobProcess(JOB, tmp, log, out, chk, slow, backend.child_env(tmp))
+    if workers > 1:
+        job.args = ["--workers", str(workers)]
     history = KillLog()
     context = f"seed {seed}, {backend.name} backend"
 
@@ -218,6 +223,8 @@ def kill_and_restart(tmp: Path, backend: StateBackendFactory, *, records: int, k
             history.finished_early += 1
             history.events.append(f"run {job.runs} finished before its kill ({how})")
             break
+        # With workers, the caller's children are its worker processes.
+        workers_of_run = children_of(proc.pid) if workers > 1 else []
         os.kill(proc.pid, signal.SIGKILL)  # not reaped yet: the pid is still this child's
         rc = proc.wait()
         if rc == 0:  # it finished between the poll and the kill
@@ -226,6 +233,9 @@ def kill_and_restart(tmp: Path, backend: StateBackendFactory, *, records: int, k
             break
         assert rc == -signal.SIGKILL, (f"run {job.runs}: exit code {rc}, expected SIGKILL "
                                        f"({context}):\n{stderr_path.read_text(errors='replace')}")
+        # Nor do its workers outlive it (they die with their caller).
+        left = wait_for_exit(workers_of_run)
+        assert not left, f"run {job.runs}: worker processes {left} outlived their caller"
         # The process is dead: the checkpoint folder no longer changes, and
         # its newest checkpoint is what the next run restores.
         at_kill = latest_checkpoint(chk)
@@ -268,6 +278,16 @@ def test_sigkill_loop_at_random_moments_then_restore_latest_is_exactly_once(
         tmp_path: Path, state_backend: StateBackendFactory) -> None:
     kill_and_restart(tmp_path, state_backend, records=400_000, keys=500, max_rounds=4,
                      kills=10, slow=0.004, seed=seed(7))
+
+
+def test_sigkill_of_the_caller_of_a_loop_over_two_workers_then_restore_latest_is_exactly_once(
+        tmp_path: Path, state_backend: StateBackendFactory) -> None:
+    """``eddyflow run --workers 2``: the loop's keyed feedback crosses
+    between the workers; the calling process (its coordinator, which ends
+    the loop) is killed, its workers die with it, and the next run restores
+    the back-edge logs the workers wrote."""
+    kill_and_restart(tmp_path, state_backend, records=400_000, keys=500, max_rounds=4,
+                     kills=6, slow=0.004, seed=seed(2929), workers=2)
 
 
 @pytest.mark.slow

@@ -66,6 +66,9 @@ class CallsInFlight:
         self._calls = ops[0] if ops and isinstance(ops[0], AsyncCallOperator) else None
         # The loop its inputs lie in: its admitted records are in flight there.
         self._calls_loop = next((t for t in self.input_loops if t is not None), None)
+        #: All the loops its inputs lie in, told when the task runs out of
+        #: input (over worker processes: ``runtime/workers/termination.py``).
+        self._idle_loops = list({id(t): t for t in self.input_loops if t is not None}.values())
         self._calls_held = 0
         if self._calls is not None:
             self._calls.on_ready = self._wake

@@ -179,8 +179,8 @@ class JobRunner:
                 regular.setdefault(key, []).append(not x.back_edge)
                 in_loops.setdefault(key, []).append(tracker)
                 entries.setdefault(key, []).append(entering)
-                if entering is not None:
-                    entering.open_entries += 1
+                if entering is not None and self._runs_here(x.target_chain, j):
+                    entering.open_entries += 1  # (each worker counts its own)
                 if x.back_edge and tracker is not None:
                     heads[key] = tracker
             for i in range(p_up):

@@ -477,6 +477,8 @@ class Task(EventTime, FailureReports, Participation, CallsInFlight):
                     continue
                 if not ended and self._loop_is_empty():
                     continue
+                for loop in self._idle_loops:
+                    loop.idle()
                 waited = time.perf_counter()
                 await gate.wait()
                 if debloat is not None:

@@ -44,6 +44,8 @@ from eddyflow.runtime.workers.protocol import (
     Acknowledged,
     AcknowledgeFinal,
     Counters,
+    LoopCounts,
+    LoopIdle,
     Shutdown,
     SourceCredit,
     TaskFinished,
@@ -52,6 +54,7 @@ from eddyflow.runtime.workers.protocol import (
     WorkerFailed,
 )
 from eddyflow.runtime.workers.relay import IterableRelay, relays_of
+from eddyflow.runtime.workers.termination import LoopTermination
 from eddyflow.runtime.workers.worker import WorkerJob
 
 __all__ = ["RemoteTask", "WorkerJobRunner"]
@@ -196,6 +199,7 @@ class WorkerJobRunner(JobRunner):
         self._done: dict[int, WorkerDone] = {}
         self._ended: set[int] = set()
         self._relays: dict[str, IterableRelay] = {}
+        self._loops = LoopTermination(0, 0, self.send)
 
     def build(self) -> list[Task]:
         """No task runs here: the coordinator gets one :class:`RemoteTask` per
@@ -243,6 +247,7 @@ class WorkerJobRunner(JobRunner):
         job = WorkerJob(self.plan, self.config, self.job_name, self.checkpointing,
                         self.restore, self.placement, coordinator.run_id)
         procs = WorkerProcesses(self.config.workers, job.main)
+        self._loops = LoopTermination(len(self.plan.loops), procs.count, self.send)
         procs.start()
         ok = False
         try:
@@ -311,6 +316,10 @@ class WorkerJobRunner(JobRunner):
                 self.mirrors[msg.subtask].update(msg)
             elif isinstance(msg, SourceCredit):
                 self._relays[msg.uid].add_credit(msg.records)
+            elif isinstance(msg, LoopIdle):
+                self._loops.on_idle(worker, msg)
+            elif isinstance(msg, LoopCounts):
+                self._loops.on_counts(worker, msg)
             elif isinstance(msg, TaskFinished):
                 proxy = by_id[msg.subtask]
                 proxy.mark_finished(msg.seen)

@@ -26,6 +26,10 @@ __all__ = [
     "AcknowledgeFinal",
     "Acknowledged",
     "Counters",
+    "EndLoop",
+    "LoopCounts",
+    "LoopIdle",
+    "ProbeLoop",
     "Shutdown",
     "SourceCredit",
     "SourceEnd",
@@ -145,3 +149,45 @@ class WorkerDone:
     records_in: dict[str, int]
     records_out: dict[str, int]
     state: dict[str, dict[str, dict[Any, Any]]]
+
+
+# -- loop termination (runtime/workers/termination.py) -------------------------
+
+
+@dataclass(frozen=True)
+class ProbeLoop:
+    """Caller -> worker: report your counts of loop ``loop`` for wave ``wave``."""
+
+    loop: int
+    wave: int
+
+
+@dataclass(frozen=True)
+class LoopCounts:
+    """Worker -> caller: the worker's counts of loop ``loop`` when it read
+    wave ``wave``'s probe: records it put into the loop and records of the
+    loop it consumed (both ever), and its channels into the loop still open."""
+
+    loop: int
+    wave: int
+    sent: int
+    done: int
+    open_entries: int
+
+
+@dataclass(frozen=True)
+class LoopIdle:
+    """Worker -> caller: a task of loop ``loop`` ran out of input here, the
+    worker's entries into the loop have all ended, and its counts changed
+    since it last said so: a moment to probe the loop."""
+
+    loop: int
+    sent: int
+    done: int
+
+
+@dataclass(frozen=True)
+class EndLoop:
+    """Caller -> worker: loop ``loop`` is empty in every worker: its heads end it."""
+
+    loop: int

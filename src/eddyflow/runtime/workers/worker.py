@@ -41,6 +41,7 @@ from eddyflow.runtime.checkpointing.participant import CheckpointParticipant
 from eddyflow.runtime.exchange.channel import Channel
 from eddyflow.runtime.exchange.remote import DATA, CreditedChannel, Link, RemoteOutChannel
 from eddyflow.runtime.job import JobRunner, RuntimeConfig
+from eddyflow.runtime.recovery.reinjection import reinject_backedge_logs
 from eddyflow.runtime.recovery.restore import RestoredCheckpoint
 from eddyflow.runtime.task import Task
 from eddyflow.runtime.workers.placement import Placement
@@ -49,6 +50,8 @@ from eddyflow.runtime.workers.protocol import (
     Acknowledged,
     AcknowledgeFinal,
     Counters,
+    EndLoop,
+    ProbeLoop,
     Shutdown,
     SourceCredit,
     SourceEnd,
@@ -58,6 +61,7 @@ from eddyflow.runtime.workers.protocol import (
     WorkerDone,
     WorkerFailed,
 )
+from eddyflow.runtime.workers.termination import LoopReports
 
 __all__ = ["WorkerCoordinator", "WorkerJob", "WorkerRunner"]
 
@@ -172,7 +176,7 @@ class WorkerRunner(JobRunner):
         self.placement = placement
         self.worker = worker
         self.peers = peers
-        self.remote_in: dict[int, CreditedChannel] = {}
+        self.remote_in: dict[int, Channel] = {}
         self.remote_out: dict[int, RemoteOutChannel] = {}
         #: Readers of the async-iterable sources placed here, by source uid:
         #: the calling process reads the iterators and sends their records.
@@ -222,6 +226,12 @@ class WorkerRunner(JobRunner):
                 out = RemoteOutChannel(ch.name, ch.capacity, self.peers[down], cid)
                 out.key = ch.key
                 channels[(i, j)] = self.remote_out[cid] = out
+            elif down == self.worker and x.back_edge:
+                # A back-edge into a loop head here: its producer's end is
+                # unbounded (it never waits for credit), and this end is the
+                # feedback channel itself, which always accepts, spilling to
+                # disk past its memory bound (exchange/feedback.py).
+                self.remote_in[cid] = ch
             elif down == self.worker:
                 inp = CreditedChannel(ch.name, ch.capacity, self.peers[up], cid)
                 inp.key = ch.key
@@ -310,6 +320,11 @@ class WorkerJob:
     async def _run(self, runner: WorkerRunner, control: Link, peers: dict[int, Link]) -> None:
         tasks = runner.build()
         by_id: dict[SubtaskId, Task] = {t.subtask_id: t for t in tasks}
+        # Loops end when the caller finds them empty in every worker.
+        loops = LoopReports(runner.loops, control.send)
+        if runner.restore is not None:
+            # Before any task or link reader runs: logged records first.
+            await reinject_backedge_logs(runner.restore, tasks)
         coordinator = runner.worker_coordinator
         shutdown = anyio.Event()
         acknowledged: set[tuple[SubtaskId, int]] = set()
@@ -327,6 +342,12 @@ class WorkerJob:
                 if isinstance(msg, Shutdown):
                     shutdown.set()
                     return
+                if isinstance(msg, ProbeLoop):
+                    loops.on_probe(msg)
+                    continue
+                if isinstance(msg, EndLoop):
+                    loops.on_end(msg)
+                    continue
                 if isinstance(msg, AcknowledgeFinal):
                     coordinator.job_finished |= msg.all_finished
                     acknowledge_final(by_id[msg.subtask], msg.trigger)
