@@ -429,3 +429,57 @@ def test_a_script_without_a_main_guard_runs_in_spawned_workers(tmp_path: Path) -
                           env=env, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-4000:]
     assert proc.stdout.decode().split("\n") == ["module code ran", "1000 1000", ""]
+
+
+LONG_SCRIPT = '''
+import sys
+import time
+import eddyflow as ef
+
+def busy(x):
+    until = time.perf_counter() + 5e-6
+    while time.perf_counter() < until:
+        pass
+    return x
+
+first = ef.StreamEnvironment()
+first.set_state_backend(ef.RocksDBStateBackend(sys.argv[1] + "/here"))
+first.from_collection([1, 2]).key_by(lambda x: x).count().sink_to(ef.ListSink())
+first.execute("rocksdb-here")
+env = ef.StreamEnvironment(parallelism=2, workers=2)
+env.from_collection(list(range(5_000_000))).rebalance().map(busy).key_by(
+    lambda x: x % 13).count().sink_to(ef.ListSink())
+env.execute("long")
+'''
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""  # gone meanwhile
+
+
+def test_spawned_workers_die_with_their_caller(tmp_path: Path) -> None:
+    """kill -9 of a caller whose workers were spawned: they leave too."""
+    script = tmp_path / "long.py"
+    script.write_text(LONG_SCRIPT)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), *filter(None, [
+        os.environ.get("PYTHONPATH")])])
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        workers: list[int] = []
+        deadline = time.monotonic() + 120
+        while len(workers) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            workers = [p for p in children_of(proc.pid) if b"worker_main" in cmdline(p)]
+            time.sleep(0.05)
+        assert len(workers) == 2, (workers, proc.poll())
+        time.sleep(0.5)  # (running the job by now)
+        proc.kill()
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stderr.close()  # type: ignore[union-attr]
+    assert not wait_for_exit(workers), "spawned workers outlived their caller"

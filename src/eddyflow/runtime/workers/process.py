@@ -12,8 +12,8 @@ finaliser of the parent's objects runs twice).
 Where a fork is not safe (this process has run RocksDB), each worker is a
 new interpreter (``spawn.py``): it inherits only its sockets, and receives
 the plan, pickled with cloudpickle, over its control link. Starting one
-costs an interpreter and eddyflow's imports (``benchmarks/workers.py
---startup`` measures both ways).
+costs an interpreter and eddyflow's imports, a fork a few milliseconds
+(``benchmarks/worker_startup.py`` measures both).
 
 No worker outlives its caller: each asks the kernel to kill it when its
 parent dies (``PR_SET_PDEATHSIG``; Linux), and each reads its control
@@ -276,6 +276,6 @@ def _spawn(parent: int, index: int, own: WorkerSockets) -> subprocess.Popen[byte
             "from eddyflow.runtime.workers.spawn import worker_main; worker_main(sys.argv[2:])")
     fds = (own.control.fileno(), *(s.fileno() for s in own.peers.values()))
     return subprocess.Popen(
-        [sys.executable, "-c", code, json.dumps(sys.path), str(parent), str(index),
-         str(own.control.fileno()), peers],
+        [sys.executable, "-c", code, json.dumps([p for p in sys.path if isinstance(p, str)]),
+         str(parent), str(index), str(own.control.fileno()), peers],
         stdin=subprocess.DEVNULL, pass_fds=fds, close_fds=True)
