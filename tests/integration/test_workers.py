@@ -307,8 +307,11 @@ def test_metrics_callbacks_see_the_counters_of_the_workers() -> None:
     in_clean_process(metrics_from_workers)
 
 
-def cancelled_from_the_caller() -> None:
+def cancelled_from_the_caller(tmp_path: Path, start: str = "fork") -> None:
     import anyio
+
+    if start == "spawn":
+        run_rocksdb_here(tmp_path)
 
     async def main() -> None:
         env = ef.StreamEnvironment(parallelism=2, workers=2)
@@ -322,8 +325,9 @@ def cancelled_from_the_caller() -> None:
     assert not wait_for_exit(children_of(os.getpid()), 1.0)  # no worker outlives it
 
 
-def test_cancelling_execute_async_stops_the_workers() -> None:
-    in_clean_process(cancelled_from_the_caller)
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_cancelling_execute_async_stops_the_workers(tmp_path: Path, start: str) -> None:
+    in_clean_process(cancelled_from_the_caller, tmp_path, start)
 
 
 def names_what_does_not_pickle(tmp_path: Path) -> None:
