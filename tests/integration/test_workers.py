@@ -487,3 +487,21 @@ def test_spawned_workers_die_with_their_caller(tmp_path: Path) -> None:
         proc.wait()
         proc.stderr.close()  # type: ignore[union-attr]
     assert not wait_for_exit(workers), "spawned workers outlived their caller"
+
+
+def same_salt_in_every_worker(tmp_path: Path) -> None:
+    run_rocksdb_here(tmp_path)
+    env = ef.StreamEnvironment(parallelism=2, workers=2)
+    sink = ef.ListSink()
+    # The keys spread over both subtasks, one in each worker: each reports
+    # its process's hash of the same string.
+    env.from_collection(list(range(100))).key_by(lambda x: x).map(
+        lambda _: (os.getpid(), hash("eddyflow"))).sink_to(sink)
+    env.execute("salt")
+    pids = {pid for pid, _ in sink.results}
+    assert len(pids) == 2 and os.getpid() not in pids, pids
+    assert len({h for _, h in sink.results}) == 1, set(sink.results)
+
+
+def test_spawned_workers_hash_strings_alike(tmp_path: Path) -> None:
+    in_clean_process(same_salt_in_every_worker, tmp_path)

@@ -29,6 +29,7 @@ import ctypes
 import gc
 import json
 import os
+import secrets
 import signal
 import socket
 import struct
@@ -132,10 +133,15 @@ class WorkerProcesses:
                 theirs[j].peers[i] = b
         everything = [*mine, *(s for w in theirs for s in (w.control, *w.peers.values()))]
         parent = os.getpid()
+        # Spawned workers salt str and bytes hashes alike, as forked ones
+        # inherit one salt: user functions that use hash() (a key of their
+        # own making, an order of a set of strings) agree across workers.
+        env = dict(os.environ)
+        env.setdefault("PYTHONHASHSEED", str(secrets.randbelow(2**32 - 1) + 1))
         try:
             for index in range(self.count):
                 if self.spawned is not None:
-                    popen = _spawn(parent, index, theirs[index])
+                    popen = _spawn(parent, index, theirs[index], env)
                     self._popen[popen.pid] = popen
                     self.pids.append(popen.pid)
                     continue
@@ -268,7 +274,8 @@ class WorkerProcesses:
             s.close()
 
 
-def _spawn(parent: int, index: int, own: WorkerSockets) -> subprocess.Popen[bytes]:
+def _spawn(parent: int, index: int, own: WorkerSockets,
+           env: dict[str, str]) -> subprocess.Popen[bytes]:
     """Worker ``index`` as a new interpreter with this one's module path,
     holding only its sockets (at the same descriptor numbers)."""
     peers = ",".join(f"{w}:{s.fileno()}" for w, s in own.peers.items())
@@ -278,4 +285,4 @@ def _spawn(parent: int, index: int, own: WorkerSockets) -> subprocess.Popen[byte
     return subprocess.Popen(
         [sys.executable, "-c", code, json.dumps([p for p in sys.path if isinstance(p, str)]),
          str(parent), str(index), str(own.control.fileno()), peers],
-        stdin=subprocess.DEVNULL, pass_fds=fds, close_fds=True)
+        stdin=subprocess.DEVNULL, pass_fds=fds, close_fds=True, env=env)
