@@ -106,7 +106,8 @@ def die_with_parent(parent: int) -> None:
 class WorkerProcesses:
     """``count`` workers, each running ``main(index, sockets)`` (its exit
     code) on a fresh thread and event loop: forked, or, given the job
-    pickled (``spawned``, see ``spawn.py``), new interpreters that load it."""
+    pickled (``spawned``, see ``spawn.py``), new interpreters that load it
+    and run its ``main`` there."""
 
     def __init__(self, count: int, main: Callable[[int, WorkerSockets], int],
                  spawned: bytes | None = None) -> None:
@@ -133,14 +134,16 @@ class WorkerProcesses:
                 theirs[j].peers[i] = b
         everything = [*mine, *(s for w in theirs for s in (w.control, *w.peers.values()))]
         parent = os.getpid()
-        # Spawned workers salt str and bytes hashes alike, as forked ones
-        # inherit one salt: user functions that use hash() (a key of their
-        # own making, an order of a set of strings) agree across workers.
-        env = dict(os.environ)
-        env.setdefault("PYTHONHASHSEED", str(secrets.randbelow(2**32 - 1) + 1))
+        env = None
+        if self.spawned is not None:
+            # Spawned workers salt str and bytes hashes alike, as forked ones
+            # inherit one salt: user functions that use hash() (a key of their
+            # own making, an order of a set of strings) agree across workers.
+            env = dict(os.environ)
+            env.setdefault("PYTHONHASHSEED", str(secrets.randbelow(2**32 - 1) + 1))
         try:
             for index in range(self.count):
-                if self.spawned is not None:
+                if env is not None:
                     popen = _spawn(parent, index, theirs[index], env)
                     self._popen[popen.pid] = popen
                     self.pids.append(popen.pid)
