@@ -72,10 +72,20 @@ their order is noise. To measure it, lengthen the runs (``--intervals 5
 --records 15000000``). The exit code is 0 whatever the timings (this is a
 report), and 1 when any run's result is wrong.
 
+With ``--workers N`` every round runs each configuration twice, in one
+process and over N worker processes (``StreamEnvironment(workers=N)``, the
+same job and parallelism), the two taking turns to go first; each gets its
+own table, ratios against its own no-checkpoint runs of the same rounds,
+and the report ends with the goal of the workers issue: ABS's ratio with
+workers within 5% of the single-process ratio at 0.1 s and 1 s (the
+median of paired ratios, and best against best). CPU seconds then include
+the workers' (reaped children's) time.
+
     python benchmarks/overhead.py                  # 3M records, 8 rounds
     python benchmarks/overhead.py --quick          # 1M records, 2 rounds (1 s, 5 s: ~0 checkpoints)
     python benchmarks/overhead.py --json benchmarks/results/overhead.json
     python benchmarks/overhead.py --plot /tmp/overhead.png
+    python benchmarks/overhead.py --workers 2 --intervals 0.1 1 --no-plot
 """
 
 from __future__ import annotations
@@ -87,6 +97,7 @@ import json
 import math
 import os
 import platform
+import secrets
 import shutil
 import statistics
 import sys
@@ -112,6 +123,10 @@ GOALS = ((1.0, 0.95), (0.1, 0.85))
 #: checkpoints): the fastest of N runs is the one the machine disturbed
 #: least, so best against best compares the two codes' own costs.
 BEST_GOALS = ((0.1, 0.9),)
+#: With --workers: the intervals at which ABS's ratio with workers must be
+#: within WORKERS_TOLERANCE of the single-process ratio (issue 29).
+WORKERS_INTERVALS = (0.1, 1.0)
+WORKERS_TOLERANCE = 0.05
 DEFAULT_PLOT = Path(__file__).parent / "results" / "overhead.png"
 
 
@@ -196,47 +211,42 @@ class GroupTotalsSink(ef.Sink):
     A subtask's records of one group arrive in order and carry the group's
     running count, so a transaction's last record per group has its largest
     count; ``dict.update`` over the ``(group, count)`` records keeps exactly
-    that, at C speed. Commit is idempotent, as the protocol requires."""
+    that, at C speed. A transaction is its committable (its name, count and
+    ``(group, count)`` pairs), so that the calling process commits what a
+    worker process's writer prepared. Commit is idempotent, as the protocol
+    requires."""
 
     def __init__(self) -> None:
         self.committed = 0
         self.last: dict[int, int] = {}
-        self._staged: dict[tuple[int, int], tuple[int, dict[int, int]]] = {}
-        self._next_txn = 0
+        self._done: set[str] = set()
 
     @property
     def name(self) -> str:
         return "group-totals"
 
     def create_writer(self, subtask: int, parallelism: int) -> ef.SinkWriter:
-        return _TotalsWriter(self, subtask)
-
-    def stage(self, subtask: int, n: int, last: dict[int, int]) -> list[int]:
-        txn = self._next_txn
-        self._next_txn += 1
-        self._staged[(subtask, txn)] = (n, last)
-        return [subtask, txn]
+        return _TotalsWriter(subtask)
 
     def commit(self, committables: list[Any]) -> None:
-        for subtask, txn in committables:
-            staged = self._staged.pop((subtask, txn), None)
-            if staged is None:
+        for txn, n, last in committables:
+            if txn in self._done:
                 continue  # committed already
-            n, last = staged
+            self._done.add(txn)
             self.committed += n
-            for g, count in last.items():
+            for g, count in last:
                 if count > self.last.get(g, 0):
                     self.last[g] = count
 
     def recover(self, committed: list[Any]) -> None:
         self.commit(committed)
-        self._staged.clear()
 
 
 class _TotalsWriter(ef.SinkWriter):
-    def __init__(self, sink: GroupTotalsSink, subtask: int) -> None:
-        self._sink = sink
-        self._subtask = subtask
+    def __init__(self, subtask: int) -> None:
+        # Names no other writer repeats (in any process or attempt).
+        self._prefix = f"{subtask}-{secrets.token_hex(6)}-"
+        self._next_txn = 0
         self._n = 0
         self._last: dict[int, int] = {}
 
@@ -247,7 +257,9 @@ class _TotalsWriter(ef.SinkWriter):
     def prepare_commit(self, checkpoint_id: int) -> Any:
         if not self._n:
             return None
-        staged = self._sink.stage(self._subtask, self._n, self._last)
+        txn = f"{self._prefix}{self._next_txn}"
+        self._next_txn += 1
+        staged = [txn, self._n, sorted(self._last.items())]
         self._n, self._last = 0, {}
         return staged
 
@@ -281,6 +293,7 @@ def expected_outcome(shape: Shape) -> dict[int, int]:
 class Config:
     mode: str | None  # None: no checkpoints
     interval: float | None
+    workers: int = 1
 
     @property
     def key(self) -> str:
@@ -355,9 +368,17 @@ def percentile(values: list[float], q: float) -> float | None:
     return s[int(rank) - 1]
 
 
+def cpu_seconds() -> float:
+    """CPU seconds of this process and of its reaped children (the worker
+    processes of the jobs that ran)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def run_once(config: Config, shape: Shape, chk_root: str | None,
              batch_size: int, sink_kind: str = "totals") -> tuple[Run, Outcome]:
-    env = ef.StreamEnvironment(parallelism=PARALLELISM, batch_size=batch_size)
+    env = ef.StreamEnvironment(parallelism=PARALLELISM, batch_size=batch_size,
+                               workers=config.workers)
     folder = tempfile.mkdtemp(prefix="eddyflow-overhead-", dir=chk_root)
     try:
         if config.mode is not None:
@@ -366,12 +387,12 @@ def run_once(config: Config, shape: Shape, chk_root: str | None,
                                      mode=config.mode, retained=1_000_000)
         sink: ef.Sink = ef.ListSink() if sink_kind == "list" else GroupTotalsSink()
         gc.collect()
-        cpu0 = time.process_time()
+        cpu0 = cpu_seconds()
         t0 = time.perf_counter()
         build(env, shape, sink)
         result = env.execute(f"overhead {config.key}")
         seconds = time.perf_counter() - t0
-        cpu = time.process_time() - cpu0
+        cpu = cpu_seconds() - cpu0
         done = ef.list_checkpoints(folder) if config.mode is not None else []
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -410,9 +431,10 @@ def compare(label: str, got: Outcome, want: Outcome | None, expected: dict[int, 
     return errors
 
 
-def make_configs(intervals: Sequence[float]) -> tuple[Config, list[Config]]:
-    baseline = Config(None, None)
-    others = [Config(mode, i) for i in intervals for mode in ("exactly_once", "synchronous")]
+def make_configs(intervals: Sequence[float], workers: int = 1) -> tuple[Config, list[Config]]:
+    baseline = Config(None, None, workers)
+    others = [Config(mode, i, workers) for i in intervals
+              for mode in ("exactly_once", "synchronous")]
     return baseline, others
 
 
@@ -440,57 +462,110 @@ def round_order(baseline: Config, others: list[Config], r: int) -> list[Config]:
     return order
 
 
-def benchmark(args: argparse.Namespace, shape: Shape, expected: dict[int, int],
-              verbose: bool) -> tuple[Case, list[Case], list[str]]:
-    """Returns the baseline case, the others and the mismatches."""
-    baseline_cfg, other_cfgs = make_configs(args.intervals)
-    base = Case(baseline_cfg)
-    cases = {c.key: Case(c) for c in other_cfgs}
-    errors: list[str] = []
-    # Warm-up: imports, first calls, thread pool start-up; results checked, not timed.
-    warm = Shape(max(shape.records // 20, 1000), shape.keys, shape.groups)
-    warm_expected = expected_outcome(warm)
-    _, reference = run_once(baseline_cfg, warm, args.chk_dir, args.batch_size, args.sink)
-    for cfg in (Config("exactly_once", 0.05), Config("synchronous", 0.05)):
-        _, got = run_once(cfg, warm, args.chk_dir, args.batch_size, args.sink)
-        errors += compare(f"warm-up {cfg.key}", got, reference, warm_expected, warm.records)
-    # Full-size untimed rounds: the first one grows the heap and pays its page faults.
-    for w in range(args.warmup):
-        _, got = run_once(baseline_cfg, shape, args.chk_dir, args.batch_size, args.sink)
-        errors += compare(f"warm-up round {w + 1}", got, None, expected, shape.records)
-        del got
+@dataclass
+class System:
+    """The runs of one way to run the job: in one process, or over workers."""
 
-    reference_outcome: Outcome | None = None
+    workers: int
+    base: Case
+    cases: dict[str, Case]
+    reference: Outcome | None = None
+
+    @property
+    def label(self) -> str:
+        return "one process" if self.workers == 1 else f"{self.workers} worker processes"
+
+
+def benchmark(args: argparse.Namespace, shape: Shape, expected: dict[int, int],
+              verbose: bool) -> tuple[list[System], list[str]]:
+    """Returns the systems measured (one process, and with ``--workers`` N
+    worker processes) and the mismatches."""
+    systems = []
+    for workers in sorted({1, args.workers}):
+        baseline_cfg, other_cfgs = make_configs(args.intervals, workers)
+        systems.append(System(workers, Case(baseline_cfg), {c.key: Case(c) for c in other_cfgs}))
+    errors: list[str] = []
+    for system in systems:
+        baseline_cfg, _ = make_configs(args.intervals, system.workers)
+        tag = "" if system.workers == 1 else f" ({system.label})"
+        # Warm-up: imports, first calls, thread pool start-up; results checked, not timed.
+        warm = Shape(max(shape.records // 20, 1000), shape.keys, shape.groups)
+        warm_expected = expected_outcome(warm)
+        _, reference = run_once(baseline_cfg, warm, args.chk_dir, args.batch_size, args.sink)
+        for mode in ("exactly_once", "synchronous"):
+            cfg = Config(mode, 0.05, system.workers)
+            _, got = run_once(cfg, warm, args.chk_dir, args.batch_size, args.sink)
+            errors += compare(f"warm-up {cfg.key}{tag}", got, reference, warm_expected,
+                              warm.records)
+        # Full-size untimed rounds: the first one grows the heap and pays its page faults.
+        for w in range(args.warmup):
+            _, got = run_once(baseline_cfg, shape, args.chk_dir, args.batch_size, args.sink)
+            errors += compare(f"warm-up round {w + 1}{tag}", got, None, expected,
+                              shape.records)
+            del got
+
     for r in range(args.repeat):
         progress = []
-        last_base: float | None = None
-        waiting: list[Run] = []  # runs since the last baseline run
-        for cfg in round_order(baseline_cfg, other_cfgs, r):
-            run, outcome = run_once(cfg, shape, args.chk_dir, args.batch_size, args.sink)
-            label = f"{cfg.key}, round {r + 1}"
-            if cfg.mode is None:
-                base.runs.append(run)
-                if reference_outcome is None:
-                    reference_outcome = outcome
-                    errors += compare(label, outcome, None, expected, shape.records)
+        # The systems take turns to go first, round by round.
+        for system in systems if r % 2 == 0 else systems[::-1]:
+            baseline_cfg, other_cfgs = make_configs(args.intervals, system.workers)
+            tag = "" if system.workers == 1 else f" ({system.label})"
+            last_base: float | None = None
+            waiting: list[Run] = []  # runs since the last baseline run
+            for cfg in round_order(baseline_cfg, other_cfgs, r):
+                run, outcome = run_once(cfg, shape, args.chk_dir, args.batch_size, args.sink)
+                label = f"{cfg.key}{tag}, round {r + 1}"
+                if cfg.mode is None:
+                    system.base.runs.append(run)
+                    if system.reference is None:
+                        system.reference = outcome
+                        errors += compare(label, outcome, None, expected, shape.records)
+                    else:
+                        errors += compare(label, outcome, system.reference, expected,
+                                          shape.records)
+                    for paired_run in waiting:
+                        assert last_base is not None
+                        paired_run.local_base = (last_base + run.seconds) / 2
+                    waiting = []
+                    last_base = run.seconds
                 else:
-                    errors += compare(label, outcome, reference_outcome, expected,
+                    system.cases[cfg.key].runs.append(run)
+                    waiting.append(run)
+                    errors += compare(label, outcome, system.reference, expected,
                                       shape.records)
-                for paired_run in waiting:
-                    assert last_base is not None
-                    paired_run.local_base = (last_base + run.seconds) / 2
-                waiting = []
-                last_base = run.seconds
-            else:
-                cases[cfg.key].runs.append(run)
-                waiting.append(run)
-                errors += compare(label, outcome, reference_outcome, expected, shape.records)
-            progress.append(f"{cfg.key} {run.seconds:.2f}s/{len(run.checkpoints)}chk")
-            del outcome
+                progress.append(f"{cfg.key}{tag} {run.seconds:.2f}s/{len(run.checkpoints)}chk")
+                del outcome
         if verbose:
             print(f"  round {r + 1}/{args.repeat}: " + ", ".join(progress),
                   file=sys.stderr, flush=True)
-    return base, list(cases.values()), errors
+    return systems, errors
+
+
+def compare_systems(one: list[Row], over: list[Row], workers: int,
+                    intervals: Sequence[float]) -> list[Goal]:
+    """ABS's overhead over workers against one process's, both measured
+    against their own runs without checkpoints in the same rounds."""
+    by_one = {r.case.config.key: r for r in one}
+    by_over = {r.case.config.key: r for r in over}
+    goals = []
+    for interval in WORKERS_INTERVALS:
+        if interval not in intervals:
+            continue
+        a, b = by_one[f"ABS@{interval:g}"], by_over[f"ABS@{interval:g}"]
+        # Relative: the workers' ratio over the single process's (1.0: the
+        # same overhead; 0.95: 5% more throughput lost to checkpoints).
+        paired, best = b.paired / a.paired, b.best / a.best
+        taken = (statistics.median(a.case.checkpoint_counts())
+                 and statistics.median(b.case.checkpoint_counts()))
+        detail = (f"vs none: {workers} workers {b.paired:.3f}x, one process {a.paired:.3f}x "
+                  f"(workers/one {paired:.3f}); best: {b.best:.3f}x vs {a.best:.3f}x "
+                  f"(workers/one {best:.3f})")
+        if not taken:
+            detail += "; but most runs took no checkpoint: lengthen them with --records"
+        goals.append(Goal(f"ABS with {workers} workers within {WORKERS_TOLERANCE:.0%} of one "
+                          f"process at {interval:g} s",
+                          paired >= 1 - WORKERS_TOLERANCE, detail, resolved=bool(taken)))
+    return goals
 
 
 # -- reporting ---------------------------------------------------------------------
@@ -685,8 +760,9 @@ def render(base: Case, table: list[Row], goals: list[Goal], shape: Shape,
         "  against the fastest run without checkpoints (the runs the machine disturbed least);",
         "  ms/chk: what a checkpoint costs the job, the fastest run's extra time over the",
         "  fastest run without checkpoints divided by the checkpoints it took (the fixed cost",
-        "  of a checkpoint of this small state); cpu: ratio of median process CPU times",
-        "  (blind to time spent waiting, e.g. for fsync, and to the writer process);",
+        "  of a checkpoint of this small state); cpu: ratio of median CPU times of this",
+        "  process and its reaped children, the workers (blind to time spent waiting, e.g.",
+        "  for fsync, and to the writer process);",
         "  chk/asked: median checkpoints completed per run (the final one excluded) / run time",
         "  over interval; durations in ms (trigger to completion; alignment: longest of any",
         "  task), pooled over all runs",
@@ -772,7 +848,8 @@ def plot(path: Path, table: list[Row], shape: Shape, intervals: Sequence[float])
 
 
 def write_json(path: Path, base: Case, table: list[Row], goals: list[Goal], shape: Shape,
-               args: argparse.Namespace, errors: list[str]) -> None:
+               args: argparse.Namespace, errors: list[str],
+               workers: Sequence[tuple[System, list[Row], list[Goal]]] = ()) -> None:
     def stats(c: Case) -> dict[str, Any]:
         d, a = c.durations(), c.alignments()
         return {
@@ -805,6 +882,15 @@ def write_json(path: Path, base: Case, table: list[Row], goals: list[Goal], shap
         "goals": [{"goal": g.label, "status": g.status, "detail": g.detail} for g in goals],
         "mismatches": errors,
     }
+    for system, rows_w, _ in workers:
+        report[f"workers_{system.workers}"] = {
+            "none": stats(system.base),
+            "cases": {r.case.config.key: stats(r.case) | {
+                "vs_none": r.ratio, "vs_none_best": r.best,
+                "vs_none_per_round_median": r.paired} for r in rows_w},
+            "goals": [{"goal": g.label, "status": g.status, "detail": g.detail}
+                      for g in compare_systems(table, rows_w, system.workers, args.intervals)],
+        }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
 
@@ -835,6 +921,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--sink", choices=("totals", "list"), default="totals",
                    help="totals: an exactly-once sink keeping counts only (default); "
                         "list: ef.ListSink, keeping every committed record in memory")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="also run every configuration over N worker processes, interleaved "
+                        "with the single-process runs, and compare ABS's overhead (default 1: "
+                        "one process only)")
     p.add_argument("--chk-dir", default=None, metavar="DIR",
                    help="where the checkpoint folders go (default: the temporary folder)")
     p.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON")
@@ -849,7 +939,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.repeat = 2 if args.quick else DEFAULT_REPEAT
     if args.warmup < 0:
         p.error("--warmup must be >= 0")
-    for name in ("records", "repeat", "keys", "groups", "batch_size"):
+    for name in ("records", "repeat", "keys", "groups", "batch_size", "workers"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if any(i <= 0 for i in args.intervals):
@@ -866,17 +956,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     gc.collect()
     gc.freeze()
     if verbose:
-        n = 1 + 3 * len(args.intervals)  # a baseline after each pair, and one first
+        n = (1 + 3 * len(args.intervals)) * (1 + (args.workers > 1))  # (a baseline after
+        # each pair, and one first; in one process and over the workers)
         print(f"{args.repeat} rounds of {n} runs, {shape.records:,} records each ...",
               file=sys.stderr, flush=True)
-    base, cases, errors = benchmark(args, shape, expected, verbose)
-    table = rows(base, cases, shape.records)
-    goals = evaluate(table, args.intervals)
-    print(render(base, table, goals, shape, args, errors))
+    systems, errors = benchmark(args, shape, expected, verbose)
+    tables = [rows(system.base, list(system.cases.values()), shape.records)
+              for system in systems]
+    reports = []
+    for system, table in zip(systems, tables, strict=True):
+        goals = evaluate(table, args.intervals)
+        text = render(system.base, table, goals, shape, args, errors)
+        if len(systems) > 1:
+            text = f"== {system.label} ==\n{text}"
+        print(text + "\n")
+        reports.append((system, table, goals))
+    if len(systems) > 1:
+        print(f"== {systems[1].label} against one process (same rounds) ==")
+        for g in compare_systems(tables[0], tables[1], systems[1].workers, args.intervals):
+            print(f"  {g.status}  {g.label:<52} {g.detail}")
     if not args.no_plot:
-        print("\n" + plot(args.plot, table, shape, args.intervals))
+        print("\n" + plot(args.plot, tables[0], shape, args.intervals))
     if args.json:
-        write_json(args.json, base, table, goals, shape, args, errors)
+        system, table, goals = reports[0]
+        write_json(args.json, system.base, table, goals, shape, args, errors,
+                   [(s, t, g) for s, t, g in reports[1:]])
         print(f"wrote {args.json}")
     return 1 if errors else 0
 

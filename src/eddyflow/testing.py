@@ -4,14 +4,19 @@ time that moves only on ``advance``) and the fault-injection points.
 ``FailingMap`` is an identity function that raises :class:`InjectedFailure`
 after a number of records; it counts across restarts (the object outlives
 the attempts of an in-process job), so ``times=1`` fails exactly once. Its
-counts live in shared memory, so that they also hold across the worker
-processes of a job with ``workers`` > 1 (forked from the caller, which
-forks them anew at each restart).
+counts live in a shared memory-mapped file, so that they also hold across
+the worker processes of a job with ``workers`` > 1 (forked from the
+caller, or spawned and handed the object pickled, anew at each restart).
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import contextlib
+import fcntl
+import mmap
+import os
+import tempfile
+import weakref
 from typing import Any
 
 from eddyflow.runtime.faults import FAULT_POINTS, InjectedFailure, arm, disarm_all
@@ -29,9 +34,24 @@ class FailingMap:
             raise ValueError(f"FailingMap needs after >= 1 and times >= 0, got {after}, {times}")
         self.after = after
         self.times = times
-        # [records seen, failures]: shared with forked worker processes.
-        self._counts = multiprocessing.RawArray("q", 2)
-        self._lock = multiprocessing.Lock()
+        # [records seen, failures], in a file every worker process maps
+        # (inherited by a fork, opened by name by a spawned worker).
+        fd, self._path = tempfile.mkstemp(prefix="eddyflow-failingmap-")
+        os.ftruncate(fd, 16)
+        os.close(fd)
+        weakref.finalize(self, _remove_if_mine, self._path, os.getpid())
+        self._map()
+
+    def _map(self) -> None:
+        with open(self._path, "r+b") as f:
+            self._counts = memoryview(mmap.mmap(f.fileno(), 16)).cast("q")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"after": self.after, "times": self.times, "_path": self._path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._map()
 
     @property
     def seen(self) -> int:
@@ -52,17 +72,17 @@ class FailingMap:
         counts[0] += 1
         seen = counts[0]
         fail = False
-        # Claiming a failure is atomic (``times`` failures, never more); the
-        # lock is held only for that, and not waited for forever.
-        if (counts[1] < self.times and seen >= self.after * (counts[1] + 1)
-                and self._lock.acquire(timeout=1.0)):
-            try:
+        # Claiming a failure is atomic (``times`` failures, never more): under
+        # a lock of the file, held only for that, that a process killed
+        # holding it releases. (Opened here: processes forked with one open
+        # file would share its lock.)
+        if counts[1] < self.times and seen >= self.after * (counts[1] + 1):
+            with open(self._path, "rb") as f:
+                fcntl.flock(f, fcntl.LOCK_EX)
                 failures = counts[1]
                 fail = failures < self.times and seen >= self.after * (failures + 1)
                 if fail:
                     counts[1] = failures + 1
-            finally:
-                self._lock.release()
         if fail:
             raise InjectedFailure(
                 f"FailingMap: injected failure {counts[1]} of {self.times} "
@@ -75,3 +95,9 @@ class FailingMap:
 
     def __repr__(self) -> str:
         return f"FailingMap(after={self.after}, times={self.times}, failures={self.failures})"
+
+
+def _remove_if_mine(path: str, creator: int) -> None:
+    if os.getpid() == creator:  # (not a worker's copy)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)

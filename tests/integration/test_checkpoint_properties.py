@@ -76,7 +76,6 @@ from job_support import StateBackendFactory, keyed_backends, mode_options
 
 import eddyflow as ef
 from eddyflow.runtime import faults
-from eddyflow.runtime.workers.process import fork_hazard
 
 # A record is a key and a value, in the shape the case draws: a tuple, or a
 # dict or list that the user functions below change in place.
@@ -414,10 +413,10 @@ def cases(draw: st.DrawFn, modes: tuple[str, ...], rocksdb: bool = False,
     if fail_at is None and fault_point is None:
         fail_at = draw(st.integers(0, n_ops))  # always some failure
     # Unaligned barriers do not cross worker processes (yet): one process
-    # there. RocksDB: this process runs the reference jobs' databases itself,
-    # after which it cannot fork workers (test_workers.py runs RocksDB over
-    # workers in fresh processes, test_sigkill.py under the CLI).
-    workers = 1 if (mode in UNALIGNED or rocksdb
+    # there. RocksDB: once an example ran the RocksDB backend in this
+    # process (workers=1), its workers are spawned rather than forked
+    # (runtime/workers/spawn.py); the others are forked.
+    workers = 1 if (mode in UNALIGNED
                     or fault_point not in (None, *CALLER_FAULT_POINTS)) \
         else draw(st.sampled_from([1, 2]))
     return Case(
@@ -704,10 +703,7 @@ def check_case(case: Case, workdir: Path, stats: Stats, backend: StateBackendFac
 
     # The checked run.
     os.makedirs(workdir)
-    # Earlier tests of this process may have run RocksDB in it, which rules
-    # out forking workers (runtime/workers/process.py, fork_hazard).
-    workers = case.workers if fork_hazard() is None else 1
-    env = ef.StreamEnvironment(parallelism=2, batch_size=case.batch_size, workers=workers,
+    env = ef.StreamEnvironment(parallelism=2, batch_size=case.batch_size, workers=case.workers,
                                **capacity)
     env.enable_checkpointing(case.interval, workdir / "chk", retained=case.retained,
                              timeout=case.timeout, **mode_options(case.mode))

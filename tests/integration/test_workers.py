@@ -7,9 +7,11 @@ whatever the interleaving) and the final keyed state. Failures are real: a
 random moments while the job runs. After every test no child process of
 this one is left (the fixture asserts it).
 
-Each scenario runs in a fresh process (``in_clean_process``): workers are
-forked, and a process that has run RocksDB state itself (earlier tests of
-the same pytest process) refuses to fork them (``fork_hazard``).
+Each scenario runs in a fresh process (``in_clean_process``), whose
+workers are forked; a process that has run RocksDB state itself cannot
+fork them (``fork_hazard``) and spawns them instead (``spawn.py``): the
+scenarios marked ``start="spawn"`` run a RocksDB job in the calling process
+first to get there, as a program that runs both kinds of job does.
 """
 
 from __future__ import annotations
@@ -146,24 +148,49 @@ def test_a_failure_without_restarts_fails_the_job_naming_the_operator() -> None:
     in_clean_process(fails_naming_the_operator)
 
 
-def refuses_after_rocksdb_in_process(tmp_path: Path) -> None:
-    run(1_000, workers=1, backend=ef.RocksDBStateBackend(str(tmp_path / "db")))
-    with pytest.raises(ef.JobFailed, match="RocksDB's background threads do not survive"):
-        run(1_000, workers=2)
+def run_rocksdb_here(tmp_path: Path) -> None:
+    """Run a RocksDB job in this process (workers=1): from now on it cannot
+    fork workers, and spawns them."""
+    from eddyflow.runtime.workers.process import fork_hazard
+
+    out, state, _ = run(1_000, workers=1, backend=ef.RocksDBStateBackend(
+        str(tmp_path / "here")))
+    assert (out, state) == expected(1_000)
+    assert fork_hazard() is not None
 
 
-def test_a_process_that_ran_rocksdb_itself_refuses_to_fork_workers(tmp_path: Path) -> None:
-    in_clean_process(refuses_after_rocksdb_in_process, tmp_path)
+def runs_after_rocksdb_in_process(tmp_path: Path) -> None:
+    run_rocksdb_here(tmp_path)
+    for n, backend in enumerate([ef.RocksDBStateBackend(str(tmp_path / "db"), incremental=True),
+                                 ef.MemoryStateBackend()]):
+        out, state, result = run(20_000, workers=2, directory=tmp_path / f"chk{n}",
+                                 backend=backend)
+        assert (out, state) == expected(20_000)
+        assert result.records_in["count"] == 20_000
+        assert not wait_for_exit(children_of(os.getpid()))
 
 
-def test_sigkill_of_a_worker_at_random_moments_fails_over_exactly_once(tmp_path: Path) -> None:
-    in_clean_process(killed_twice, tmp_path)
+def test_a_process_that_ran_rocksdb_itself_spawns_its_workers(tmp_path: Path) -> None:
+    in_clean_process(runs_after_rocksdb_in_process, tmp_path)
 
 
-def killed_twice(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("backend", "start"), [("memory", "fork"), ("rocksdb", "fork"),
+                                                ("rocksdb", "spawn")])
+def test_sigkill_of_a_worker_at_random_moments_fails_over_exactly_once(
+        tmp_path: Path, backend: str, start: str) -> None:
+    in_clean_process(killed_twice, tmp_path, backend, start)
+
+
+def killed_twice(tmp_path: Path, backend: str = "memory", start: str = "fork") -> None:
     """A worker is killed twice (kill -9), each time a random moment after a
     checkpoint of its generation of workers: the job restarts them all from
-    its latest checkpoint, and the committed output is the failure-free one."""
+    its latest checkpoint, and the committed output is the failure-free one.
+    With RocksDB, its checkpoints are incremental: a restored worker reads
+    files of checkpoints before the latest."""
+    if start == "spawn":
+        run_rocksdb_here(tmp_path)
+    state_backend = (ef.RocksDBStateBackend(str(tmp_path / "db"), incremental=True)
+                     if backend == "rocksdb" else None)
     rng = random.Random(seed(29))
     chk = tmp_path / "chk"
     kills: list[str] = []
@@ -193,7 +220,8 @@ def killed_twice(tmp_path: Path) -> None:
     thread = threading.Thread(target=killer)
     thread.start()
     try:
-        out, state, result = run(300_000, workers=2, directory=chk, restarts=5, slow=True)
+        out, state, result = run(300_000, workers=2, directory=chk, restarts=5, slow=True,
+                                 backend=state_backend)
     finally:
         stop.set()
         thread.join()
@@ -202,22 +230,35 @@ def killed_twice(tmp_path: Path) -> None:
     assert (out, state) == expected(300_000), kills
 
 
-def test_a_checkpoint_of_two_workers_restores_with_one_and_with_three(tmp_path: Path) -> None:
-    in_clean_process(restores_with_one_and_three, tmp_path)
+def test_a_checkpoint_of_two_workers_restores_with_one_and_with_three(
+        tmp_path: Path, state_backend: Any) -> None:
+    in_clean_process(restores_with_one_and_three, tmp_path, state_backend.name)
 
 
-def restores_with_one_and_three(tmp_path: Path) -> None:
+def restores_with_one_and_three(tmp_path: Path, backend: str = "memory") -> None:
+    """With RocksDB (incremental), the run with one process opens RocksDB
+    here, so the run with three spawns its workers."""
+    from job_support import StateBackendFactory
+
+    from eddyflow.runtime.workers.process import fork_hazard
+
+    factory = StateBackendFactory(backend)
     chk = tmp_path / "chk"
     first = ef.ListSink()  # what the failed run committed
     with pytest.raises(ef.JobFailed):
         run(200_000, workers=2, directory=chk, slow=True, sink=first,
-            failing=ef.testing.FailingMap(after=150_000))
+            failing=ef.testing.FailingMap(after=150_000),
+            backend=factory.make(tmp_path / "first", incremental=True))
     assert latest_checkpoint(chk) > 0
     want_out, want_state = expected(200_000)
     for workers in (1, 3):
+        if workers == 3 and factory.rocksdb:  # (the run with one process opened RocksDB)
+            assert fork_hazard() is not None  # so these three are spawned
         copy = tmp_path / f"chk-{workers}"
         shutil.copytree(chk, copy)
-        out, state, _ = run(200_000, workers=workers, directory=copy, restore="latest")
+        out, state, _ = run(200_000, workers=workers, directory=copy, restore="latest",
+                            backend=factory.make(tmp_path / f"run-{workers}",
+                                                 incremental=True))
         assert state == want_state
         # The failed run committed the output up to the restored checkpoint.
         assert sorted(first.results + out) == want_out
@@ -270,8 +311,11 @@ def test_metrics_callbacks_see_the_counters_of_the_workers() -> None:
     in_clean_process(metrics_from_workers)
 
 
-def cancelled_from_the_caller() -> None:
+def cancelled_from_the_caller(tmp_path: Path, start: str = "fork") -> None:
     import anyio
+
+    if start == "spawn":
+        run_rocksdb_here(tmp_path)
 
     async def main() -> None:
         env = ef.StreamEnvironment(parallelism=2, workers=2)
@@ -285,5 +329,183 @@ def cancelled_from_the_caller() -> None:
     assert not wait_for_exit(children_of(os.getpid()), 1.0)  # no worker outlives it
 
 
-def test_cancelling_execute_async_stops_the_workers() -> None:
-    in_clean_process(cancelled_from_the_caller)
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_cancelling_execute_async_stops_the_workers(tmp_path: Path, start: str) -> None:
+    in_clean_process(cancelled_from_the_caller, tmp_path, start)
+
+
+def names_what_does_not_pickle(tmp_path: Path) -> None:
+    run_rocksdb_here(tmp_path)
+    lock = threading.Lock()
+
+    def guarded(x: int) -> int:
+        with lock:
+            return x
+
+    env = ef.StreamEnvironment(parallelism=2, workers=2)
+    env.from_collection([1, 2, 3]).map(guarded).name("guarded").sink_to(ef.ListSink())
+    with pytest.raises(ef.JobFailed) as info:
+        env.execute("unpicklable")
+    message = str(info.value)
+    assert "\n" not in message
+    assert "operator 'guarded' cannot be sent to a worker process" in message, message
+    assert "closure variable 'lock'" in message and "_thread.lock" in message, message
+    assert ef.errors.is_retryable(info.value) is False
+
+
+def test_what_a_spawned_worker_cannot_get_is_named_in_one_line(tmp_path: Path) -> None:
+    in_clean_process(names_what_does_not_pickle, tmp_path)
+
+
+JOB_FILE = '''
+import eddyflow as ef
+from job_helpers import KEYS, Scale  # a module beside the job file
+
+def build(env):
+    env.from_collection(list(range(5_000))).rebalance().map(Scale(3)).key_by(
+        lambda x: x % KEYS).map_with_state(
+        lambda r, s: ((r % KEYS, (s or 0) + 1), (s or 0) + 1)).name("count").sink_to(SINK)
+
+SINK = ef.ListSink()
+'''
+HELPERS = '''
+KEYS = 13
+
+class Scale:
+    def __init__(self, by):
+        self.by = by
+
+    def __call__(self, x):
+        return x * self.by
+'''
+
+
+def runs_a_job_file_in_spawned_workers(tmp_path: Path) -> None:
+    from eddyflow.jobfile import build_environment
+
+    run_rocksdb_here(tmp_path)
+    folder = tmp_path / "jobs"
+    folder.mkdir()
+    (folder / "scaled.py").write_text(JOB_FILE)
+    (folder / "job_helpers.py").write_text(HELPERS)
+    # As `eddyflow run jobs/scaled.py --workers 2` loads it: by path, under a
+    # module name no other interpreter can import.
+    env, module = build_environment(folder / "scaled.py", parallelism=2, workers=2)
+    result = env.execute("job-file")
+    assert (sorted(module.SINK.results), dict(result.state("count"))) == expected(5_000)
+
+
+def test_a_job_file_loaded_by_path_runs_in_spawned_workers(tmp_path: Path) -> None:
+    in_clean_process(runs_a_job_file_in_spawned_workers, tmp_path)
+
+
+SCRIPT = '''
+import sys
+import tempfile
+import eddyflow as ef
+
+print("module code ran", flush=True)  # once: a spawned worker does not run __main__
+
+class Triple:
+    def __call__(self, x):
+        return x * 3
+
+folder = tempfile.mkdtemp(dir=sys.argv[1])
+first = ef.StreamEnvironment()
+first.set_state_backend(ef.RocksDBStateBackend(folder + "/here"))
+first.from_collection([1, 2]).key_by(lambda x: x).count().sink_to(ef.ListSink())
+first.execute("rocksdb-here")
+
+env = ef.StreamEnvironment(parallelism=2, workers=2)
+env.set_state_backend(ef.RocksDBStateBackend(folder + "/db"))
+sink = ef.ListSink()
+env.from_collection(list(range(1_000))).rebalance().map(Triple()).key_by(
+    lambda x: x % 13).map_with_state(
+    lambda r, s: ((r % 13, (s or 0) + 1), (s or 0) + 1)).name("count").sink_to(sink)
+result = env.execute("script")
+print(len(sink.results), sum(dict(result.state("count")).values()))
+'''
+
+
+def test_a_script_without_a_main_guard_runs_in_spawned_workers(tmp_path: Path) -> None:
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), *filter(None, [
+        os.environ.get("PYTHONPATH")])])
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True,
+                          env=env, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-4000:]
+    assert proc.stdout.decode().split("\n") == ["module code ran", "1000 1000", ""]
+
+
+LONG_SCRIPT = '''
+import sys
+import time
+import eddyflow as ef
+
+def busy(x):
+    until = time.perf_counter() + 5e-6
+    while time.perf_counter() < until:
+        pass
+    return x
+
+first = ef.StreamEnvironment()
+first.set_state_backend(ef.RocksDBStateBackend(sys.argv[1] + "/here"))
+first.from_collection([1, 2]).key_by(lambda x: x).count().sink_to(ef.ListSink())
+first.execute("rocksdb-here")
+env = ef.StreamEnvironment(parallelism=2, workers=2)
+env.from_collection(list(range(5_000_000))).rebalance().map(busy).key_by(
+    lambda x: x % 13).count().sink_to(ef.ListSink())
+env.execute("long")
+'''
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""  # gone meanwhile
+
+
+def test_spawned_workers_die_with_their_caller(tmp_path: Path) -> None:
+    """kill -9 of a caller whose workers were spawned: they leave too."""
+    script = tmp_path / "long.py"
+    script.write_text(LONG_SCRIPT)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), *filter(None, [
+        os.environ.get("PYTHONPATH")])])
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        workers: list[int] = []
+        deadline = time.monotonic() + 120
+        while len(workers) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            workers = [p for p in children_of(proc.pid) if b"worker_main" in cmdline(p)]
+            time.sleep(0.05)
+        assert len(workers) == 2, (workers, proc.poll())
+        time.sleep(0.5)  # (running the job by now)
+        proc.kill()
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stderr.close()  # type: ignore[union-attr]
+    assert not wait_for_exit(workers), "spawned workers outlived their caller"
+
+
+def same_salt_in_every_worker(tmp_path: Path) -> None:
+    run_rocksdb_here(tmp_path)
+    env = ef.StreamEnvironment(parallelism=2, workers=2)
+    sink = ef.ListSink()
+    # The keys spread over both subtasks, one in each worker: each reports
+    # its process's hash of the same string.
+    env.from_collection(list(range(100))).key_by(lambda x: x).map(
+        lambda _: (os.getpid(), hash("eddyflow"))).sink_to(sink)
+    env.execute("salt")
+    pids = {pid for pid, _ in sink.results}
+    assert len(pids) == 2 and os.getpid() not in pids, pids
+    assert len({h for _, h in sink.results}) == 1, set(sink.results)
+
+
+def test_spawned_workers_hash_strings_alike(tmp_path: Path) -> None:
+    in_clean_process(same_salt_in_every_worker, tmp_path)

@@ -16,9 +16,16 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
-from test_workers import KEYS, count, in_clean_process, no_process_left_behind
+from test_workers import (
+    KEYS,
+    count,
+    in_clean_process,
+    no_process_left_behind,
+    run_rocksdb_here,
+)
 
 import eddyflow as ef
 from eddyflow.connectors import AsyncIterableSource
@@ -51,7 +58,9 @@ def tagged(record: int) -> tuple[int, int]:
     return record, os.getpid()
 
 
-def every_record_once_in_the_workers() -> None:
+def every_record_once_in_the_workers(tmp_path: Path, start: str) -> None:
+    if start == "spawn":
+        run_rocksdb_here(tmp_path)  # from now on workers are spawned, not forked
     caller = os.getpid()
     feed = Feed(30_000)
     env = ef.StreamEnvironment(parallelism=2, workers=2)
@@ -71,8 +80,10 @@ def every_record_once_in_the_workers() -> None:
     assert feed.finalised
 
 
-def test_every_record_arrives_once_and_is_processed_in_the_workers() -> None:
-    in_clean_process(every_record_once_in_the_workers)
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_every_record_arrives_once_and_is_processed_in_the_workers(tmp_path: Path,
+                                                                    start: str) -> None:
+    in_clean_process(every_record_once_in_the_workers, tmp_path, start)
 
 
 def slow(record: int) -> int:

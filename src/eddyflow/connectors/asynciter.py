@@ -62,6 +62,15 @@ class AsyncIterableSource(Source):
     def name(self) -> str:
         return "async-iterable"
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy in another process (a spawned worker) never reads the
+        # iterator: the calling process reads it and relays its records
+        # (runtime/workers/relay.py). An async generator does not pickle.
+        state = dict(self.__dict__)
+        state["_aiterable"] = None
+        state["_used"] = True
+        return state
+
     @property
     def buffer(self) -> int:
         """The most records read from the iterator ahead of the job."""

@@ -213,6 +213,16 @@ class ListSink(Sink):
         with self._lock:
             self._staged.clear()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy for a worker process (runtime/workers/spawn.py): its own lock.
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def __repr__(self) -> str:
         return f"ListSink({len(self.results)} committed)"
 

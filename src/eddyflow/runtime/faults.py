@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import threading
 
-__all__ = ["FAULT_POINTS", "InjectedFailure", "arm", "disarm_all", "fault_point"]
+__all__ = ["FAULT_POINTS", "InjectedFailure", "arm", "armed", "disarm_all", "fault_point",
+           "rearm"]
 
 
 class InjectedFailure(Exception):
@@ -42,6 +43,21 @@ def arm(point: str, *, after: int = 0, times: int = 1) -> None:
 def disarm_all() -> None:
     with _lock:
         _armed.clear()
+
+
+def armed() -> dict[str, tuple[int, int]]:
+    """The armed points (point: calls to let pass, failures left): what a
+    worker process started afresh arms again (``rearm``), as a forked one
+    inherits them."""
+    with _lock:
+        return {point: (after, times) for point, (after, times) in _armed.items()}
+
+
+def rearm(points: dict[str, tuple[int, int]]) -> None:
+    """Arm ``points`` (as :func:`armed` returned them), and only those."""
+    with _lock:
+        _armed.clear()
+        _armed.update({point: [after, times] for point, (after, times) in points.items()})
 
 
 def fault_point(point: str) -> None:

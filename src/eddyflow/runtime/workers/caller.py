@@ -1,8 +1,9 @@
 """The calling process's side of a job over worker processes: one attempt.
 
 The caller keeps the checkpoint coordinator, the sinks' commits (so
-``ListSink.results`` fill here) and the restart loop; it forks the workers
-(``process.py``) with the attempt's plan, talks to each task through a
+``ListSink.results`` fill here) and the restart loop; it starts the workers
+(``process.py``: forked, or spawned where a fork is not safe) with the
+attempt's plan, talks to each task through a
 :class:`RemoteTask` (the coordinator's
 :class:`~eddyflow.runtime.checkpointing.participant.CheckpointParticipant`
 for a task in a worker), and gathers the workers' results. A worker that
@@ -54,6 +55,7 @@ from eddyflow.runtime.workers.protocol import (
     WorkerFailed,
 )
 from eddyflow.runtime.workers.relay import IterableRelay, relays_of
+from eddyflow.runtime.workers.spawn import pickle_job
 from eddyflow.runtime.workers.termination import LoopTermination
 from eddyflow.runtime.workers.worker import WorkerJob
 
@@ -237,7 +239,6 @@ class WorkerJobRunner(JobRunner):
         started = time.monotonic()
         has_channel_state = self.restore is not None and bool(self.restore.channel_state())
         why = unsupported_with_workers(self.plan, self.checkpointing, has_channel_state)
-        why = why or fork_hazard()
         if why is not None:
             raise JobFailed(f"job '{self.job_name}' cannot run with workers="
                             f"{self.config.workers}: {why}") from WorkersRefused(why)
@@ -246,11 +247,19 @@ class WorkerJobRunner(JobRunner):
         coordinator = self.coordinator
         job = WorkerJob(self.plan, self.config, self.job_name, self.checkpointing,
                         self.restore, self.placement, coordinator.run_id)
-        procs = WorkerProcesses(self.config.workers, job.main)
+        spawned: bytes | None = None
+        if fork_hazard() is not None:  # new interpreters load the job (spawn.py)
+            try:
+                spawned = pickle_job(job)
+            except WorkersRefused as refused:
+                raise JobFailed(f"job '{self.job_name}' cannot run with workers="
+                                f"{self.config.workers}: {refused}") from refused
+        procs = WorkerProcesses(self.config.workers, job.main, spawned)
         self._loops = LoopTermination(len(self.plan.loops), procs.count, self.send)
         procs.start()
         ok = False
         try:
+            await procs.send_job()
             self._links = [Link(s, f"control of worker {w}") for w, s in enumerate(procs.controls)]
             for link in self._links:
                 await link.open()

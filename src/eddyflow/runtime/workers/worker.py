@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 
 from eddyflow.checkpoint.storage import CheckpointStorage
+from eddyflow.checkpoint.writer import WriterProcess
 from eddyflow.connectors.asynciter import AsyncIterableSource, RelayedReader
 from eddyflow.connectors.sink import ListSink
 from eddyflow.connectors.source import Source, SourceReader
@@ -237,6 +238,21 @@ class WorkerRunner(JobRunner):
                 inp.key = ch.key
                 channels[(i, j)] = self.remote_in[cid] = inp
 
+    async def start_writer(self) -> WriterProcess | None:
+        """This worker's helper process for its checkpoint writes, as one
+        process has its own (``checkpoint/writer.py``): on the worker's
+        event loop the files' creation and fsyncs would stall its tasks."""
+        return await self._start_writer()
+
+    async def stop_writer(self, writer: WriterProcess | None) -> None:
+        """Let ``writer`` finish and leave (every write has landed)."""
+        if writer is None:
+            return
+        storage = self.worker_coordinator.storage
+        assert storage is not None
+        storage.writer = None
+        await writer.aclose()
+
     async def read_peer(self, link: Link) -> None:
         """Feed this worker's ends of the channels ``link`` carries."""
         remote_in, remote_out = self.remote_in, self.remote_out
@@ -287,7 +303,9 @@ class WorkerJob:
                               peers=peers)
         started = time.monotonic()
         code = 0
+        writer = None
         try:
+            writer = await runner.start_writer()
             await self._run(runner, control, peers)
         except BaseException as exc:
             control.send(_failure(runner, exc))
@@ -300,6 +318,8 @@ class WorkerJob:
                     if code == 0:
                         control.send(_failure(runner, exc))
                         code = 1
+            with anyio.CancelScope(shield=True):
+                await runner.stop_writer(writer)
         if code == 0:
             _send_counters(runner, control)
             result = runner.result(time.monotonic() - started)
