@@ -255,20 +255,31 @@ class BarrierHandler:
         switched to unaligned): the first one starts the checkpoint at
         once; each one ends the logging of its channel."""
         n = barrier.checkpoint_id
+        # A barrier from another worker process overtook in this task's
+        # queue, and its producer no longer has the records it jumped: they
+        # are this channel's state, after whatever was logged on it.
+        overtaken = (self.gate.channels[channel].take_overtaken(n)
+                     if self.gate is not None else [])
         log = self.log
         if log is not None and log.checkpoint_id == n:
             if channel in log.waiting:
+                if overtaken:
+                    self._add_to_log(log, channel, overtaken)
                 self._arrived(channel)
             return
         if n <= self.done_id:
             return  # late barrier of an aborted checkpoint, or one already logged
-        await self.start_unaligned(barrier, {channel})
+        await self.start_unaligned(barrier, {channel},
+                                   overtaken={channel: overtaken} if overtaken else None)
 
-    async def start_unaligned(self, barrier: Barrier, seen: set[int]) -> None:
+    async def start_unaligned(self, barrier: Barrier, seen: set[int],
+                              overtaken: dict[int, list[RecordBatch]] | None = None) -> None:
         """Snapshot for ``barrier`` now; log the regular inputs not in
         ``seen`` until their barrier comes. A barrier already queued behind
         records on one of them (sent aligned) is taken at once, with the
-        records in front of it as that channel's state."""
+        records in front of it as that channel's state. ``overtaken``: per
+        channel in ``seen``, the records its barrier overtook in this task's
+        queue (a producer in another process), channel state too."""
         n = barrier.checkpoint_id
         al = self.align
         started = time.monotonic()
@@ -291,6 +302,7 @@ class BarrierHandler:
                 if before is not None:
                     taken[i] = before
         waiting -= set(taken)
+        taken.update(overtaken or {})
         await self.host.take_checkpoint(replace(barrier, unaligned=True),
                                         alignment=time.monotonic() - started,
                                         unaligned=True, waiting=waiting, taken=taken)
@@ -395,6 +407,13 @@ class BarrierHandler:
             raise self.host.state_error(exc) from exc
         self.log = log
         return log
+
+    def _add_to_log(self, log: ChannelStateLog, channel: int,
+                    batches: list[RecordBatch]) -> None:
+        try:
+            log.add(channel, batches)
+        except StateSerializationError as exc:
+            raise self.host.state_error(exc) from exc
 
     def close_log_if_complete(self) -> None:
         log = self.log

@@ -252,6 +252,13 @@ class Channel:
             gate.priority_arrived()
         return overtaken
 
+    def take_overtaken(self, checkpoint_id: int) -> list[RecordBatch]:
+        """The record batches priority barrier ``checkpoint_id`` overtook in
+        this queue that its consumer records as channel state: none here (a
+        local producer captured them when it overtook); a channel fed from
+        another process has them (``exchange/remote.py``)."""
+        return []
+
     def find(self, match: Callable[[Any], bool]) -> Any:
         """The first queued event that ``match``es, or ``None``."""
         for item in self._items:

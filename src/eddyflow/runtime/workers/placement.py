@@ -16,8 +16,6 @@ from collections.abc import Mapping
 
 from eddyflow.connectors.asynciter import AsyncIterableSource
 from eddyflow.graph.plan import ExecutionPlan
-from eddyflow.runtime.checkpointing.barriers import CheckpointMode
-from eddyflow.runtime.checkpointing.coordinator import CheckpointConfig
 from eddyflow.runtime.operators.io import SourceSpec
 
 __all__ = ["Placement", "resolve_workers", "unsupported_with_workers"]
@@ -47,25 +45,16 @@ class Placement:
         return [t for t, w in self.worker_of.items() if w == worker]
 
 
-def unsupported_with_workers(plan: ExecutionPlan,
-                             checkpointing: CheckpointConfig | None,
-                             channel_state: bool) -> str | None:
+def unsupported_with_workers(plan: ExecutionPlan) -> str | None:
     """Why this job cannot run over worker processes yet, or ``None``.
 
     A loop's end is detected by counting its records in flight in one
-    process (``exchange/loops.py``); an unaligned barrier overtakes records
-    queued at the consumer, which the producer records as its channel
-    state; a source from an async iterable reads the caller's iterator.
-    None of these crosses a process boundary here yet."""
+    process (``exchange/loops.py``); a source from an async iterable reads
+    the caller's iterator. Neither crosses a process boundary here yet.
+    (Unaligned checkpoints and their channel state do:
+    ``exchange/remote.py``.)"""
     if plan.loops:
         return "a job with a loop (iterate/close_with) runs in one process only"
-    if checkpointing is not None and (CheckpointMode(checkpointing.mode)
-                                      in (CheckpointMode.UNALIGNED,)
-                                      or checkpointing.aligned_timeout is not None):
-        return "unaligned checkpoints (mode='unaligned' or aligned_timeout) need one process"
-    if channel_state:
-        return ("the restored checkpoint holds records in flight (channel state of an "
-                "unaligned checkpoint), which only one process restores")
     for node in plan.graph.nodes:
         if isinstance(node.payload, SourceSpec) and isinstance(node.payload.source,
                                                                AsyncIterableSource):
