@@ -413,12 +413,12 @@ def cases(draw: st.DrawFn, modes: tuple[str, ...], rocksdb: bool = False,
     fault_point = draw(st.none() | st.sampled_from(FAULT_POINTS))
     if fail_at is None and fault_point is None:
         fail_at = draw(st.integers(0, n_ops))  # always some failure
-    # Unaligned barriers do not cross worker processes (yet): one process
-    # there. RocksDB: this process runs the reference jobs' databases itself,
-    # after which it cannot fork workers (test_workers.py runs RocksDB over
-    # workers in fresh processes, test_sigkill.py under the CLI).
-    workers = 1 if (mode in UNALIGNED or rocksdb
-                    or fault_point not in (None, *CALLER_FAULT_POINTS)) \
+    # Every mode crosses worker processes, unaligned barriers too (they
+    # overtake at the consumer: exchange/remote.py). RocksDB: this process
+    # runs the reference jobs' databases itself, after which it cannot fork
+    # workers (test_workers.py runs RocksDB over workers in fresh processes,
+    # test_sigkill.py under the CLI).
+    workers = 1 if (rocksdb or fault_point not in (None, *CALLER_FAULT_POINTS)) \
         else draw(st.sampled_from([1, 2]))
     return Case(
         n_records=draw(st.integers(1000, 4000)),
