@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from eddyflow.errors import StateSerializationError
 from eddyflow.runtime.checkpointing.channel_state import ChannelStateLog
 from eddyflow.runtime.exchange.channel import InputGate
-from eddyflow.runtime.exchange.events import Barrier, RecordBatch
+from eddyflow.runtime.exchange.events import Barrier, EndOfInput, RecordBatch
 from eddyflow.runtime.faults import fault_point
 
 __all__ = ["MODES", "BarrierHandler", "CheckpointHost", "CheckpointMode", "HandlerState"]
@@ -297,10 +297,26 @@ class BarrierHandler:
         taken: dict[int, list[RecordBatch]] = {}
         if self.gate is not None:
             for i in sorted(waiting):
-                before = self.gate.channels[i].take_before(
-                    lambda e: type(e) is Barrier and e.checkpoint_id == n)
-                if before is not None:
+                ch = self.gate.channels[i]
+                found = ch.queued_before(lambda e: type(e) is EndOfInput or (
+                    type(e) is Barrier and e.checkpoint_id == n))
+                if found is None:
+                    continue
+                if type(found[0]) is Barrier:
+                    before = ch.take_before(
+                        lambda e: type(e) is Barrier and e.checkpoint_id == n)
+                    assert before is not None
                     taken[i] = before
+                elif not ch.has_priority:
+                    # The producer ended before barrier n: it takes part
+                    # with its final state, so what it sent and this task
+                    # has not processed is all in flight, queued in front
+                    # of its end. Recorded now, and left queued: waiting
+                    # for that end would wait behind all of it (an upstream
+                    # that ran ahead, as over worker processes, ends early).
+                    # (Not past a priority barrier at the head: that one
+                    # overtook those records, and they are its state.)
+                    taken[i] = found[1]
         waiting -= set(taken)
         taken.update(overtaken or {})
         await self.host.take_checkpoint(replace(barrier, unaligned=True),

@@ -266,6 +266,18 @@ class Channel:
                 return item
         return None
 
+    def queued_before(self, match: Callable[[Any], bool]) -> tuple[Any, list[RecordBatch]] | None:
+        """The first queued event that ``match``es (not a priority item)
+        and the record batches queued before it, all left queued; ``None``
+        if no event matches."""
+        items = self._items
+        prio = self._priority
+        for idx, it in enumerate(itertools.islice(items, prio, None), prio):
+            if type(it) is not RecordBatch and match(it):
+                return it, [b for b in itertools.islice(items, prio, idx)
+                            if type(b) is RecordBatch]
+        return None
+
     def take_before(self, match: Callable[[Any], bool]) -> list[RecordBatch] | None:
         """If an item that ``match``es is queued: remove it and return the
         record batches queued before it (they stay queued), else ``None``.
