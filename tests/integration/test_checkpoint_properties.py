@@ -75,6 +75,7 @@ from hypothesis import strategies as st
 from job_support import StateBackendFactory, keyed_backends, mode_options
 
 import eddyflow as ef
+from eddyflow.errors import RestoreFailed
 from eddyflow.runtime import faults
 
 # A record is a key and a value, in the shape the case draws: a tuple, or a
@@ -412,12 +413,11 @@ def cases(draw: st.DrawFn, modes: tuple[str, ...], rocksdb: bool = False,
     fault_point = draw(st.none() | st.sampled_from(FAULT_POINTS))
     if fail_at is None and fault_point is None:
         fail_at = draw(st.integers(0, n_ops))  # always some failure
-    # Unaligned barriers do not cross worker processes (yet): one process
-    # there. RocksDB: once an example ran the RocksDB backend in this
-    # process (workers=1), its workers are spawned rather than forked
-    # (runtime/workers/spawn.py); the others are forked.
-    workers = 1 if (mode in UNALIGNED
-                    or fault_point not in (None, *CALLER_FAULT_POINTS)) \
+    # Every mode crosses worker processes, unaligned barriers too (they
+    # overtake at the consumer: exchange/remote.py). RocksDB: once an
+    # example ran the RocksDB backend in this process (workers=1), its
+    # workers are spawned rather than forked (runtime/workers/spawn.py).
+    workers = 1 if fault_point not in (None, *CALLER_FAULT_POINTS) \
         else draw(st.sampled_from([1, 2]))
     return Case(
         n_records=draw(st.integers(1000, 4000)),
@@ -876,8 +876,20 @@ def check_rescaled_case(case: Case, restore_parallelism: tuple[int, int], workdi
                 # No failure reached (none fell before the end): nothing to restore.
                 note("stage 1 ended without a failure")
                 return
-            result = asyncio.run(asyncio.wait_for(
-                env.execute_async("property", restore=restore), 60.0))
+            try:
+                result = asyncio.run(asyncio.wait_for(
+                    env.execute_async("property", restore=restore), 60.0))
+            except (RestoreFailed, ef.JobFailed) as exc:
+                # (Raised in a worker process it arrives as the cause of a
+                # JobFailed.) Documented (runtime/recovery/reinjection.py): records in
+                # flight on a broadcast exchange were consumed by each old
+                # subtask up to its own point, so no share of them belongs
+                # to a new subtask; the restore is refused in one line.
+                if not (case.mode in UNALIGNED and any(op.kind == "bcast" for op in case.ops)
+                        and "channel state of broadcast exchange" in f"{exc} {exc.__cause__}"):
+                    raise
+                note(f"refused as documented: {exc}")
+                return
         finally:
             ef.testing.disarm_all()
     assert result is not None

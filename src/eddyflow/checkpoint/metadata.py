@@ -63,9 +63,11 @@ class ChannelState:
     flight on its channels at the barrier, in one file. ``inputs``: per
     input channel key (``exchange:upstream:downstream``), how many records
     this subtask logged on it between its snapshot and the barrier's
-    arrival; ``outputs``: per output channel key, how many records the
-    barrier overtook there. On restore a channel gets its input part first,
-    then its output part (the order they travelled in)."""
+    arrival, and (a producer in another worker process) the records the
+    barrier overtook in this subtask's queue; ``outputs``: per output
+    channel key, how many records the barrier overtook there. On restore a
+    channel gets its input part first, then its output part (the order they
+    travelled in)."""
 
     file: FileHandle
     inputs: Mapping[str, int]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -15,7 +16,8 @@ from eddyflow.errors import StateSerializationError
 from eddyflow.runtime.checkpointing.barriers import BarrierHandler, CheckpointMode, HandlerState
 from eddyflow.runtime.checkpointing.channel_state import ChannelStateLog
 from eddyflow.runtime.exchange.channel import Channel, InputGate
-from eddyflow.runtime.exchange.events import Barrier, RecordBatch
+from eddyflow.runtime.exchange.events import END_OF_INPUT, Barrier, EndOfInput, RecordBatch
+from eddyflow.runtime.exchange.remote import CreditedChannel, Link
 
 
 class Loop:
@@ -23,8 +25,10 @@ class Loop:
     what comes, processes records in order, and takes checkpoints as the
     handler asks (logging the inputs it names, as ``Snapshotting`` does)."""
 
-    def __init__(self, mode: CheckpointMode, n: int = 2) -> None:
-        self.gate = InputGate([Channel(f"in{i}", 100) for i in range(n)])
+    def __init__(self, mode: CheckpointMode, n: int = 2,
+                 channels: list[Channel] | None = None) -> None:
+        self.gate = InputGate(channels or [Channel(f"in{i}", 100) for i in range(n)])
+        n = len(self.gate.channels)
         self.handler = BarrierHandler(self.gate, [True] * n, mode, self, owner="op")
         self.processed: list[Any] = []
         #: Per checkpoint taken: how it was taken and what was processed before.
@@ -58,6 +62,8 @@ class Loop:
             i, item = got
             if type(item) is Barrier:
                 await self.handler.on_barrier(i, item)
+            elif type(item) is EndOfInput:
+                await self.handler.on_end(i)
             else:
                 self.handler.on_records(i, item)
                 self.processed.extend(item)
@@ -126,6 +132,50 @@ def test_an_unaligned_barrier_overtakes_and_the_other_input_is_logged() -> None:
     run(task.writes[0]())
     (log,) = task.logs
     assert logged(log, 1) == ["b1"] and 0 not in log.records
+
+
+def test_an_input_that_ended_before_the_barrier_is_channel_state_at_once() -> None:
+    task = Loop(CheckpointMode.UNALIGNED)
+    a, b = task.gate.channels
+    b.append(RecordBatch(["b1"]))
+    b.append(RecordBatch(["b2"]))
+    b.append(END_OF_INPUT)  # its producer ended: it never sends barrier 1
+    a.overtake(Barrier(1, 0.0, unaligned=True))
+    run(task.drain())
+    (snap,) = task.snapshots
+    # Not waited for behind b's records: they are in flight, and still processed.
+    assert snap["waiting"] == set() and snap["taken"] == {1: [["b1"], ["b2"]]}
+    assert task.processed == ["b1", "b2"] and task.handler.ended == [False, True]
+    run(task.writes[0]())
+    (log,) = task.logs
+    assert logged(log, 1) == ["b1", "b2"]
+
+
+def test_a_priority_barrier_from_another_process_leaves_its_overtaken_records_here() -> None:
+    """A producer in another worker has sent its records: its barrier
+    overtakes them in this task's queue, and they are this task's channel
+    state for that channel, after what it logged there since its snapshot."""
+    here, there = socket.socketpair()
+    remote = CreditedChannel("remote", 100, Link(here, "test"), 0)
+    local = Channel("local", 100)
+    task = Loop(CheckpointMode.UNALIGNED, channels=[local, remote])
+    try:
+        local.overtake(Barrier(1, 0.0, unaligned=True))
+        remote.append(RecordBatch(["r1"]))
+        run(task.drain())  # snapshot at the local barrier; r1 is logged
+        remote.append(RecordBatch(["r2"]))
+        remote.append(RecordBatch(["r3"]))
+        remote.overtake(Barrier(1, 0.0, unaligned=True))  # as the link's reader does
+        run(task.drain())
+        assert task.processed == ["r1", "r2", "r3"]
+        assert task.handler.state is HandlerState.IDLE
+        run(task.writes[0]())
+        (log,) = task.logs
+        assert logged(log, 1) == ["r1", "r2", "r3"]
+        assert remote.take_overtaken(1) == []  # handed over once
+    finally:
+        here.close()
+        there.close()
 
 
 def test_the_aligned_timeout_switches_an_alignment_to_unaligned() -> None:

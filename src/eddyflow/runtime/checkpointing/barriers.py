@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from eddyflow.errors import StateSerializationError
 from eddyflow.runtime.checkpointing.channel_state import ChannelStateLog
 from eddyflow.runtime.exchange.channel import InputGate
-from eddyflow.runtime.exchange.events import Barrier, RecordBatch
+from eddyflow.runtime.exchange.events import Barrier, EndOfInput, RecordBatch
 from eddyflow.runtime.faults import fault_point
 
 __all__ = ["MODES", "BarrierHandler", "CheckpointHost", "CheckpointMode", "HandlerState"]
@@ -255,20 +255,31 @@ class BarrierHandler:
         switched to unaligned): the first one starts the checkpoint at
         once; each one ends the logging of its channel."""
         n = barrier.checkpoint_id
+        # A barrier from another worker process overtook in this task's
+        # queue, and its producer no longer has the records it jumped: they
+        # are this channel's state, after whatever was logged on it.
+        overtaken = (self.gate.channels[channel].take_overtaken(n)
+                     if self.gate is not None else [])
         log = self.log
         if log is not None and log.checkpoint_id == n:
             if channel in log.waiting:
+                if overtaken:
+                    self._add_to_log(log, channel, overtaken)
                 self._arrived(channel)
             return
         if n <= self.done_id:
             return  # late barrier of an aborted checkpoint, or one already logged
-        await self.start_unaligned(barrier, {channel})
+        await self.start_unaligned(barrier, {channel},
+                                   overtaken={channel: overtaken} if overtaken else None)
 
-    async def start_unaligned(self, barrier: Barrier, seen: set[int]) -> None:
+    async def start_unaligned(self, barrier: Barrier, seen: set[int],
+                              overtaken: dict[int, list[RecordBatch]] | None = None) -> None:
         """Snapshot for ``barrier`` now; log the regular inputs not in
         ``seen`` until their barrier comes. A barrier already queued behind
         records on one of them (sent aligned) is taken at once, with the
-        records in front of it as that channel's state."""
+        records in front of it as that channel's state. ``overtaken``: per
+        channel in ``seen``, the records its barrier overtook in this task's
+        queue (a producer in another process), channel state too."""
         n = barrier.checkpoint_id
         al = self.align
         started = time.monotonic()
@@ -286,11 +297,28 @@ class BarrierHandler:
         taken: dict[int, list[RecordBatch]] = {}
         if self.gate is not None:
             for i in sorted(waiting):
-                before = self.gate.channels[i].take_before(
-                    lambda e: type(e) is Barrier and e.checkpoint_id == n)
-                if before is not None:
+                ch = self.gate.channels[i]
+                found = ch.queued_before(lambda e: type(e) is EndOfInput or (
+                    type(e) is Barrier and e.checkpoint_id == n))
+                if found is None:
+                    continue
+                if type(found[0]) is Barrier:
+                    before = ch.take_before(
+                        lambda e: type(e) is Barrier and e.checkpoint_id == n)
+                    assert before is not None
                     taken[i] = before
+                elif not ch.has_priority:
+                    # The producer ended before barrier n: it takes part
+                    # with its final state, so what it sent and this task
+                    # has not processed is all in flight, queued in front
+                    # of its end. Recorded now, and left queued: waiting
+                    # for that end would wait behind all of it (an upstream
+                    # that ran ahead, as over worker processes, ends early).
+                    # (Not past a priority barrier at the head: that one
+                    # overtook those records, and they are its state.)
+                    taken[i] = found[1]
         waiting -= set(taken)
+        taken.update(overtaken or {})
         await self.host.take_checkpoint(replace(barrier, unaligned=True),
                                         alignment=time.monotonic() - started,
                                         unaligned=True, waiting=waiting, taken=taken)
@@ -395,6 +423,13 @@ class BarrierHandler:
             raise self.host.state_error(exc) from exc
         self.log = log
         return log
+
+    def _add_to_log(self, log: ChannelStateLog, channel: int,
+                    batches: list[RecordBatch]) -> None:
+        try:
+            log.add(channel, batches)
+        except StateSerializationError as exc:
+            raise self.host.state_error(exc) from exc
 
     def close_log_if_complete(self) -> None:
         log = self.log

@@ -252,11 +252,30 @@ class Channel:
             gate.priority_arrived()
         return overtaken
 
+    def take_overtaken(self, checkpoint_id: int) -> list[RecordBatch]:
+        """The record batches priority barrier ``checkpoint_id`` overtook in
+        this queue that its consumer records as channel state: none here (a
+        local producer captured them when it overtook); a channel fed from
+        another process has them (``exchange/remote.py``)."""
+        return []
+
     def find(self, match: Callable[[Any], bool]) -> Any:
         """The first queued event that ``match``es, or ``None``."""
         for item in self._items:
             if type(item) is not RecordBatch and match(item):
                 return item
+        return None
+
+    def queued_before(self, match: Callable[[Any], bool]) -> tuple[Any, list[RecordBatch]] | None:
+        """The first queued event that ``match``es (not a priority item)
+        and the record batches queued before it, all left queued; ``None``
+        if no event matches."""
+        items = self._items
+        prio = self._priority
+        for idx, it in enumerate(itertools.islice(items, prio, None), prio):
+            if type(it) is not RecordBatch and match(it):
+                return it, [b for b in itertools.islice(items, prio, idx)
+                            if type(b) is RecordBatch]
         return None
 
     def take_before(self, match: Callable[[Any], bool]) -> list[RecordBatch] | None:

@@ -18,6 +18,17 @@ Credit-based flow control (as Flink's network stack): the producer never
 has more than the capacity (plus one batch) unconsumed, so the consumer's
 queue never has to refuse an item, and a blocked input (barrier alignment)
 holds its records without stopping the link's other channels.
+
+Priority events (unaligned checkpoints), as Flink's: an unaligned barrier
+is sent out of band of credit, at once (a ``PRIORITY`` frame; it is counted
+as held like any event, but never waits for credit). Everything the
+producer sent before it (its handed-over buffers too) is ahead of it on the
+link, and the link's reader never waits: so when the barrier reaches the
+consumer, every record it must overtake is in the consumer's queue, and
+:meth:`CreditedChannel.overtake` puts it at the head there. The records it
+overtook are kept with the channel for the consuming task, which takes
+them with the barrier (:meth:`CreditedChannel.take_overtaken`) into its
+channel state: the producer has none of them any more.
 """
 
 from __future__ import annotations
@@ -31,14 +42,16 @@ import struct
 from typing import Any
 
 from eddyflow.runtime.exchange.channel import Channel
-from eddyflow.runtime.exchange.events import RecordBatch
+from eddyflow.runtime.exchange.events import Barrier, RecordBatch
 
-__all__ = ["CREDIT", "DATA", "CreditedChannel", "Link", "RemoteOutChannel"]
+__all__ = ["CREDIT", "DATA", "PRIORITY", "CreditedChannel", "Link", "RemoteOutChannel"]
 
 _HEADER = struct.Struct("!I")
-#: Frame kinds on a data link: an item of a channel, and credit for one.
+#: Frame kinds on a data link: an item of a channel, credit for one, and a
+#: priority item (an unaligned barrier) that overtakes the channel's queue.
 DATA = 0
 CREDIT = 1
+PRIORITY = 2
 
 
 class Link:
@@ -139,23 +152,43 @@ class RemoteOutChannel(Channel):
         self.link.send((DATA, self.channel_id, item))
 
     def overtake(self, item: Any) -> list[RecordBatch]:
-        """Unaligned barriers do not cross workers (refused at start-up:
-        ``runtime/workers/placement.py``)."""
-        raise NotImplementedError(
-            f"channel {self.name}: an unaligned barrier cannot overtake records "
-            "between worker processes")
+        """Send priority ``item`` now, out of band of credit; it overtakes
+        at the consumer (see the module docstring), so nothing overtaken is
+        left here: the consumer's task records it. Counted as held, as an
+        overtaking item is in a local channel: its credit comes back when
+        the consumer takes it."""
+        self.reserve(1)
+        self.link.send((PRIORITY, self.channel_id, item))
+        return []
 
 
 class CreditedChannel(Channel):
     """The consumer's end of a channel whose producer is in another worker:
     what the gate takes is credited back to the producer."""
 
-    __slots__ = ("channel_id", "link")
+    __slots__ = ("_overtaken", "channel_id", "link")
 
     def __init__(self, name: str, capacity: int | None, link: Link, channel_id: int) -> None:
         super().__init__(name, capacity)
         self.link = link
         self.channel_id = channel_id
+        # Per checkpoint id, the record batches its priority barrier
+        # overtook here, until the consuming task takes the barrier.
+        self._overtaken: dict[int, list[RecordBatch]] = {}
+
+    def overtake(self, item: Any) -> list[RecordBatch]:
+        """A priority barrier from the producer (the link's reader): at the
+        head of the queue, the batches it overtook kept for the consuming
+        task (:meth:`take_overtaken`). They stay queued, behind the barrier,
+        and unchanged until the task has taken it: it is read first."""
+        overtaken = super().overtake(item)
+        if type(item) is Barrier:
+            self._overtaken[item.checkpoint_id] = overtaken
+        return overtaken
+
+    def take_overtaken(self, checkpoint_id: int) -> list[RecordBatch]:
+        """The record batches barrier ``checkpoint_id`` overtook here."""
+        return self._overtaken.pop(checkpoint_id, [])
 
     def pop(self) -> Any:
         """Take the head item and credit its records back."""

@@ -49,13 +49,17 @@ async def recover_sinks(sinks: Mapping[str, Sink], restored: RestoredCheckpoint 
 def reinject_channel_state(restored: RestoredCheckpoint, plan: ExecutionPlan,
                            exchanges: ExchangeChannels, loops: Sequence[LoopTracker],
                            make_writer: Callable[[ExchangeSpec, list[Channel], int],
-                                                 RecordWriter]) -> None:
+                                                 RecordWriter],
+                           produces_here: Callable[[ExchangeSpec, int], bool] | None = None
+                           ) -> None:
     """Restore of an unaligned checkpoint: the records that were in
     flight on each channel go back into it, in order, before anything
     new (the upstream subtask resumes after them). At another
     parallelism the exchange's own writer (``make_writer``) routes them, as
     it would send them now: by key group into keyed operators, never
-    round-robin."""
+    round-robin. ``produces_here(exchange, upstream)``: whether this
+    process runs that upstream subtask (a worker process puts back only
+    what its own producers send; ``None``: every one runs here)."""
     state = restored.channel_state()
     if not state:
         return
@@ -83,12 +87,14 @@ def reinject_channel_state(restored: RestoredCheckpoint, plan: ExecutionPlan,
         ups = sorted({u for u, _ in chans})
         writers: dict[int, RecordWriter] = {}
         for old_up, old_down_subtask, batches in mine:
+            up = old_up if same else ups[old_up % len(ups)]
+            if produces_here is not None and not produces_here(x, up):
+                continue
             for records, stamps in batches:
                 if same:
                     chans[(old_up, old_down_subtask)].append(
                         RecordBatch(records, None, stamps))
                 else:
-                    up = ups[old_up % len(ups)]
                     w = writers.get(up)
                     if w is None:
                         w = writers[up] = make_writer(

@@ -237,8 +237,7 @@ class WorkerJobRunner(JobRunner):
     async def run(self) -> JobResult:
         """Fork the workers, coordinate their checkpoints, gather their results."""
         started = time.monotonic()
-        has_channel_state = self.restore is not None and bool(self.restore.channel_state())
-        why = unsupported_with_workers(self.plan, self.checkpointing, has_channel_state)
+        why = unsupported_with_workers(self.plan, self.checkpointing)
         if why is not None:
             raise JobFailed(f"job '{self.job_name}' cannot run with workers="
                             f"{self.config.workers}: {why}") from WorkersRefused(why)

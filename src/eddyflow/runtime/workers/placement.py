@@ -46,30 +46,20 @@ class Placement:
 
 
 def unsupported_with_workers(plan: ExecutionPlan,
-                             checkpointing: CheckpointConfig | None,
-                             channel_state: bool) -> str | None:
+                             checkpointing: CheckpointConfig | None) -> str | None:
     """Why this job cannot run over worker processes yet, or ``None``.
 
-    An unaligned barrier overtakes records queued at the consumer, which
-    the producer records as its channel state, which does not cross a
-    process boundary here yet. (Loops do: ``workers/termination.py``;
-    async iterables are read in the caller: ``workers/relay.py``.)"""
+    An unaligned checkpoint of a loop over workers would restore channel
+    state inside the loop into the counts of the worker that re-injects it,
+    which has no tests of its own yet. (Loops cross processes:
+    ``workers/termination.py``; unaligned checkpoints and their channel
+    state: ``exchange/remote.py``; async iterables are read in the caller:
+    ``workers/relay.py``.)"""
     unaligned = checkpointing is not None and (
         CheckpointMode(checkpointing.mode) is CheckpointMode.UNALIGNED
         or checkpointing.aligned_timeout is not None)
     if unaligned and plan.loops:
-        # Kept apart from the refusal below: once unaligned barriers overtake
-        # between workers, a loop's unaligned checkpoints there still want
-        # tests of their own (channel state inside the loop, restored into
-        # the counts of the worker that re-injects it) before this goes.
         return ("unaligned checkpoints (mode='unaligned' or aligned_timeout) of a job with "
                 "a loop (iterate/close_with) need one process")
-    if checkpointing is not None and (CheckpointMode(checkpointing.mode)
-                                      in (CheckpointMode.UNALIGNED,)
-                                      or checkpointing.aligned_timeout is not None):
-        return "unaligned checkpoints (mode='unaligned' or aligned_timeout) need one process"
-    if channel_state:
-        return ("the restored checkpoint holds records in flight (channel state of an "
-                "unaligned checkpoint), which only one process restores")
     return None
 

@@ -40,9 +40,15 @@ from eddyflow.runtime.checkpointing.messages import (
 )
 from eddyflow.runtime.checkpointing.participant import CheckpointParticipant
 from eddyflow.runtime.exchange.channel import Channel
-from eddyflow.runtime.exchange.remote import DATA, CreditedChannel, Link, RemoteOutChannel
+from eddyflow.runtime.exchange.remote import (
+    DATA,
+    PRIORITY,
+    CreditedChannel,
+    Link,
+    RemoteOutChannel,
+)
 from eddyflow.runtime.job import JobRunner, RuntimeConfig
-from eddyflow.runtime.recovery.reinjection import reinject_backedge_logs
+from eddyflow.runtime.recovery.reinjection import reinject_backedge_logs, reinject_channel_state
 from eddyflow.runtime.recovery.restore import RestoredCheckpoint
 from eddyflow.runtime.task import Task
 from eddyflow.runtime.workers.placement import Placement
@@ -253,6 +259,22 @@ class WorkerRunner(JobRunner):
         storage.writer = None
         await writer.aclose()
 
+    def reinject_channel_state(self) -> None:
+        """Restore of an unaligned checkpoint: the records in flight go back
+        into the channels this worker produces into, before anything new
+        (as in one process: ``recovery/reinjection.py``). Into a channel to
+        another worker they are sent, counted against its credit, so they
+        reach the consumer ahead of the producer's new records."""
+        if self.restore is None:
+            return
+        where = self.placement.worker_of
+
+        def produces_here(x: ExchangeSpec, upstream: int) -> bool:
+            return where[(x.source_chain, upstream)] == self.worker
+
+        reinject_channel_state(self.restore, self.plan, self.exchange_channels, self.loops,
+                               self._writer, produces_here)
+
     async def read_peer(self, link: Link) -> None:
         """Feed this worker's ends of the channels ``link`` carries."""
         remote_in, remote_out = self.remote_in, self.remote_out
@@ -264,6 +286,8 @@ class WorkerRunner(JobRunner):
             if kind == DATA:
                 # Within credit: the channel has room (see exchange/remote.py).
                 remote_in[cid].append(payload)
+            elif kind == PRIORITY:
+                remote_in[cid].overtake(payload)  # an unaligned barrier
             else:
                 remote_out[cid].release(payload)
 
@@ -339,6 +363,7 @@ class WorkerJob:
 
     async def _run(self, runner: WorkerRunner, control: Link, peers: dict[int, Link]) -> None:
         tasks = runner.build()
+        runner.reinject_channel_state()
         by_id: dict[SubtaskId, Task] = {t.subtask_id: t for t in tasks}
         # Loops end when the caller finds them empty in every worker.
         loops = LoopReports(runner.loops, control.send)
