@@ -21,6 +21,7 @@ import anyio
 
 from eddyflow.connectors.sink import ListSink
 from eddyflow.errors import JobFailed
+from eddyflow.graph.logical import Partitioning
 from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.result import JobResult, merge_state
 from eddyflow.runtime.checkpointing.coordinator import CheckpointConfig
@@ -33,6 +34,7 @@ from eddyflow.runtime.checkpointing.messages import (
     TriggerCheckpoint,
 )
 from eddyflow.runtime.exchange.remote import Link
+from eddyflow.runtime.exchange.writers import load_bulk_routing
 from eddyflow.runtime.failures import exception_leaves
 from eddyflow.runtime.job import JobRunner, RuntimeConfig
 from eddyflow.runtime.recovery.reinjection import recover_sinks
@@ -240,6 +242,8 @@ class WorkerJobRunner(JobRunner):
         job = WorkerJob(self.plan, self.config, self.job_name, self.checkpointing,
                         self.restore, self.placement, coordinator.run_id)
         procs = WorkerProcesses(self.config.workers, job.main)
+        if any(x.partitioning is Partitioning.KEY_GROUP for x in self.plan.exchanges):
+            load_bulk_routing()  # before the fork: every worker has it then
         procs.start()
         ok = False
         try:
