@@ -156,22 +156,28 @@ def crc_key_groups(crcs: Iterable[int], count: int, max_parallelism: int) -> Any
 
 def bulk_key_groups(keys: Sequence[Any], max_parallelism: int) -> Any | None:
     """:func:`key_group_for` of every key as a numpy array, at close to C
-    speed, when every key is a ``str``, or every key an ``int`` or ``bool``
-    within 64 bits (the common keys); ``None`` for any other mix, whose
-    keys the caller hashes one at a time. Same answers as
+    speed, when every key is a ``str`` (or a subclass), or every key an
+    ``int`` or ``bool`` within 64 bits (the common keys); ``None`` for no
+    keys and for any other mix, whose keys the caller hashes one at a time. Same answers as
     :func:`stable_hash`: ``fmix32(crc32(utf8))`` and
     ``fmix32(crc32(int64 little-endian))``."""
+    if not keys:
+        return None
+    try:
+        # str.encode unbound: half the cost of a call that names the error
+        # handler, and it refuses (TypeError) any key that is not a str,
+        # without a look at each key's type first. A subclass of str (a
+        # StrEnum) encodes its value, which is what stable_hash hashes.
+        return crc_key_groups(map(zlib.crc32, map(str.encode, keys)), len(keys),
+                              max_parallelism)
+    except UnicodeEncodeError:  # a lone surrogate (rare: a look at each key is fine)
+        if not all(isinstance(k, str) for k in keys):
+            return None
+        return crc_key_groups(map(zlib.crc32, map(_UTF8, keys)), len(keys), max_parallelism)
+    except TypeError:
+        pass
     types = set(map(type, keys))
-    if types == {str}:
-        try:
-            # str.encode unbound: half the cost of a call with the error
-            # handler named; only a lone surrogate needs that handler.
-            return crc_key_groups(map(zlib.crc32, map(str.encode, keys)), len(keys),
-                                  max_parallelism)
-        except UnicodeEncodeError:
-            return crc_key_groups(map(zlib.crc32, map(_UTF8, keys)), len(keys),
-                                  max_parallelism)
-    if types and types <= {int, bool}:
+    if types <= {int, bool}:
         try:
             return crc_key_groups(map(zlib.crc32, map(_INT64.pack, keys)), len(keys),
                                   max_parallelism)
