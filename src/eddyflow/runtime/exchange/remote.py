@@ -99,7 +99,7 @@ def unpack_strs(data: bytes, count: int, span: Span | None,
 def pack_batch(item: Any) -> Any:
     """``item`` as it crosses a link: a record batch of ``str`` records
     packed (:class:`PackedStrs`), anything else as it is."""
-    if (type(item) is not RecordBatch or len(item) < PACK_MIN
+    if (type(item) is not RecordBatch or len(item) < PACK_MIN or type(item[0]) is not str
             or operator.countOf(map(type, item), str) != len(item)):
         return item
     text = _SEPARATOR.join(item)
