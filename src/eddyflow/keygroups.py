@@ -158,9 +158,9 @@ def bulk_key_groups(keys: Sequence[Any], max_parallelism: int) -> Any | None:
     """:func:`key_group_for` of every key as a numpy array, at close to C
     speed, when every key is a ``str`` (or a subclass), or every key an
     ``int`` or ``bool`` within 64 bits (the common keys); ``None`` for no
-    keys and for any other mix, whose keys the caller hashes one at a time. Same answers as
-    :func:`stable_hash`: ``fmix32(crc32(utf8))`` and
-    ``fmix32(crc32(int64 little-endian))``."""
+    keys and for any other mix, whose keys the caller hashes one at a
+    time. The same answers as :func:`stable_hash`: ``fmix32(crc32(utf8))``
+    and ``fmix32(crc32(int64 little-endian))``."""
     if not keys:
         return None
     try:
