@@ -14,6 +14,7 @@ same job as the test process.
 
 from __future__ import annotations
 
+import enum
 import itertools
 import json
 import os
@@ -31,6 +32,7 @@ from hypothesis import strategies as st
 import eddyflow as ef
 from eddyflow.keygroups import (
     UnsupportedKeyError,
+    bulk_key_groups,
     check_key,
     key_group_for,
     key_group_range,
@@ -409,6 +411,39 @@ def test_key_groups_of_equals_key_group_for_each_key(keys: list[Any], mp: int) -
 def test_key_groups_of_string_keys_takes_the_fast_path_exactly(keys: list[str], mp: int) -> None:
     keys.append("\udcff lone surrogate")
     assert key_groups_of(keys, mp) == [key_group_for(k, mp) for k in keys]
+
+
+@given(st.one_of(st.lists(st.text()), st.lists(st.integers(-(2**63), 2**63 - 1)),
+                 st.lists(st.one_of(st.booleans(), st.integers(-(2**63), 2**63 - 1)))),
+       st.integers(1, 4096))
+def test_bulk_key_groups_equal_key_group_for_each_key(keys: list[Any], mp: int) -> None:
+    groups = bulk_key_groups(keys, mp)
+    if not keys:
+        assert groups is None  # nothing to go fast on
+    else:
+        assert groups is not None
+        assert groups.tolist() == [key_group_for(k, mp) for k in keys]
+
+
+def test_bulk_key_groups_leave_other_keys_to_the_caller() -> None:
+    # Ints beyond 64 bits hash their own bytes; mixes, floats and tuples
+    # have rules of their own (1.0 hashes as 1): all are hashed a key at a time.
+    for keys in ([1, 2**64], [-(2**63) - 1], ["a", 1], [1.0, 2.0], [("a", 1)], [None],
+                 ["\ud800", 1], [b"a", "a"], []):
+        assert bulk_key_groups(keys, 128) is None
+    assert bulk_key_groups(KEYS[:9], 128).tolist() == [key_group_for(k, 128) for k in KEYS[:9]]
+
+
+def test_bulk_key_groups_hash_a_subclass_of_str_as_its_value() -> None:
+    class Color(enum.StrEnum):
+        RED = "red"
+        BLUE = "bl\udcffue"
+
+    keys = [Color.RED, "red", Color.BLUE, "x"]
+    groups = bulk_key_groups(keys, 4096)
+    assert groups is not None
+    assert groups.tolist() == [key_group_for(k, 4096) for k in keys]
+    assert groups[0] == groups[1]
 
 
 def test_max_parallelism_is_capped_with_a_clear_error() -> None:

@@ -29,6 +29,18 @@ consumer, every record it must overtake is in the consumer's queue, and
 overtook are kept with the channel for the consuming task, which takes
 them with the barrier (:meth:`CreditedChannel.take_overtaken`) into its
 channel state: the producer has none of them any more.
+
+The frame format of a link: a 4-byte big-endian length, then that many
+bytes: one pickle (protocol 5) of the list of messages sent during one turn
+of the event loop, oldest first. On a data link a message is a tuple
+``(DATA, channel id, item)`` (an item of the channel: a record batch or an
+event), ``(CREDIT, channel id, records)`` or ``(PRIORITY, channel id,
+barrier)`` (above). A record batch whose records are all ``str`` (a word
+count's words, lines of text) crosses packed
+(:class:`PackedStrs`): its records joined into one UTF-8 string, which the
+reader splits again; unpickling (``loads``) is what rebuilds it, so the
+reader needs no other step. Measured by benchmarks/transport.py: a third
+less CPU than pickling the records one by one.
 """
 
 from __future__ import annotations
@@ -36,15 +48,26 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import operator
 import pickle
 import socket
 import struct
 from typing import Any
 
 from eddyflow.runtime.exchange.channel import Channel
-from eddyflow.runtime.exchange.events import Barrier, RecordBatch
+from eddyflow.runtime.exchange.events import Barrier, RecordBatch, Span
 
-__all__ = ["CREDIT", "DATA", "PRIORITY", "CreditedChannel", "Link", "RemoteOutChannel"]
+__all__ = [
+    "CREDIT",
+    "DATA",
+    "PRIORITY",
+    "CreditedChannel",
+    "Link",
+    "PackedStrs",
+    "RemoteOutChannel",
+    "pack_batch",
+    "unpack_strs",
+]
 
 _HEADER = struct.Struct("!I")
 #: Frame kinds on a data link: an item of a channel, credit for one, and a
@@ -52,6 +75,53 @@ _HEADER = struct.Struct("!I")
 DATA = 0
 CREDIT = 1
 PRIORITY = 2
+
+
+#: Batches of fewer records cross as pickled lists (a few records pack for
+#: no gain).
+PACK_MIN = 16
+#: Joins the records of a packed batch: a record that holds it (rare)
+#: leaves its batch pickled.
+_SEPARATOR = "\0"
+
+
+class PackedStrs:
+    """A record batch of ``str`` records, packed for a link: pickles as a
+    call of :func:`unpack_strs`, which rebuilds the batch in the reader."""
+
+    __slots__ = ("count", "data", "span", "timestamps")
+
+    def __init__(self, data: bytes, count: int, span: Span | None,
+                 timestamps: list[Any] | None) -> None:
+        self.data = data
+        self.count = count
+        self.span = span
+        self.timestamps = timestamps
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return unpack_strs, (self.data, self.count, self.span, self.timestamps)
+
+
+def unpack_strs(data: bytes, count: int, span: Span | None,
+                timestamps: list[Any] | None) -> RecordBatch:
+    """The record batch a :class:`PackedStrs` holds."""
+    records = data.decode("utf-8", "surrogatepass").split(_SEPARATOR)
+    if len(records) != count:
+        raise ValueError(f"a packed batch of {count} records holds {len(records)}")
+    return RecordBatch(records, span, timestamps)
+
+
+def pack_batch(item: Any) -> Any:
+    """``item`` as it crosses a link: a record batch of ``str`` records
+    packed (:class:`PackedStrs`), anything else as it is."""
+    if (type(item) is not RecordBatch or len(item) < PACK_MIN or type(item[0]) is not str
+            or operator.countOf(map(type, item), str) != len(item)):
+        return item
+    text = _SEPARATOR.join(item)
+    if text.count(_SEPARATOR) != len(item) - 1:
+        return item  # a record holds the separator
+    return PackedStrs(text.encode("utf-8", "surrogatepass"), len(item), item.span,
+                      item.timestamps)
 
 
 class Link:
@@ -149,7 +219,7 @@ class RemoteOutChannel(Channel):
         """Send ``item``; its records count against the capacity until the
         consumer's credit for them comes back."""
         self.reserve(len(item) if type(item) is RecordBatch else 1)
-        self.link.send((DATA, self.channel_id, item))
+        self.link.send((DATA, self.channel_id, pack_batch(item)))
 
     def overtake(self, item: Any) -> list[RecordBatch]:
         """Send priority ``item`` now, out of band of credit; it overtakes

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from eddyflow.keygroups import stable_hash, subtask_for_key_group
+from eddyflow.keygroups import bulk_key_groups, stable_hash, subtask_for_key_group
 from eddyflow.runtime.exchange.channel import Channel, Interrupt
 from eddyflow.runtime.exchange.events import RecordBatch, Span, merge_span
 from eddyflow.values import immutable, independent_copy
@@ -38,6 +38,7 @@ __all__ = [
     "KeyRoutingError",
     "RebalanceWriter",
     "RecordWriter",
+    "load_bulk_routing",
 ]
 
 
@@ -277,9 +278,23 @@ class BroadcastWriter(RecordWriter):
 
 
 class KeyGroupWriter(RecordWriter):
-    """Hash partitioning: key -> stable hash -> key group -> subtask."""
+    """Hash partitioning: key -> stable hash -> key group -> subtask.
+
+    A batch is routed whole (benchmarks/workers.py, word count at
+    parallelism 2, profiled): the keys by one ``map`` of the key selector,
+    their key groups, for ``str`` and ``int`` keys, by
+    :func:`~eddyflow.keygroups.bulk_key_groups` (the stable hash at C speed,
+    no per-record lookup), and the subtasks by one index of the key-group
+    table. A lookup of each key in a dictionary of the keys seen (what
+    routing did a record at a time before) cost more than the hash: a
+    dictionary of every distinct key per writer falls out of the CPU's
+    caches, and the state table downstream looks the key up again anyway.
+    Other keys (tuples, floats), and batches too small for numpy to pay,
+    still go through that dictionary."""
 
     _CACHE_LIMIT = 1 << 16
+    #: Batches of fewer records are routed a record at a time.
+    BULK = 64
 
     def __init__(
         self,
@@ -294,6 +309,7 @@ class KeyGroupWriter(RecordWriter):
         self.max_parallelism = max_parallelism
         p = len(channels)
         self._route = [subtask_for_key_group(g, max_parallelism, p) for g in range(max_parallelism)]
+        self._route_array: Any = None  # _route as a numpy array, made on first use
         # key -> channel. Python's hash() only serves as the cache's own
         # lookup; the routing decision itself is the stable hash.
         self._cache: dict[Any, int] = {}
@@ -309,6 +325,39 @@ class KeyGroupWriter(RecordWriter):
                 self._cache.clear()
             self._cache[k] = c
         return c
+
+    def _channels(self, records: list[Any]) -> list[int] | None:
+        """The channel of each record, a batch at a time; ``None`` if the
+        key selector failed (the record-at-a-time path then names the
+        record)."""
+        try:
+            keys = list(map(self.key_fn, records))
+        except Exception:
+            return None
+        groups = bulk_key_groups(keys, self.max_parallelism)
+        if groups is not None:
+            route = self._route_array
+            if route is None:
+                import numpy as np  # (importing eddyflow does not import numpy)
+
+                route = self._route_array = np.array(self._route, dtype=np.intp)
+            chans: list[int] = route[groups].tolist()
+            return chans
+        # Other keys: through the dictionary of the keys seen.
+        try:
+            found: list[Any] = list(map(self._cache.get, keys))
+        except TypeError:
+            i, cause = _first_unhashable(keys)
+            raise KeyRoutingError(i, records[i]) from cause
+        if None in found:
+            channel_of = self._channel_of
+            for i, c in enumerate(found):
+                if c is None:
+                    try:
+                        found[i] = channel_of(keys[i])
+                    except Exception as exc:
+                        raise KeyRoutingError(i, records[i]) from exc
+        return found
 
     def _routed(self, span: Span | None) -> bool:
         """After records were routed: widen the spans of the buffers that
@@ -329,9 +378,15 @@ class KeyGroupWriter(RecordWriter):
             if buf.timestamps is None:
                 buf.timestamps = [None] * len(buf)
         ts = timestamps if timestamps is not None else [None] * len(records)
-        kf = self.key_fn
         appends = [b.append for b in self.buffers]
         stamps = [b.timestamps.append for b in self.buffers]  # type: ignore[union-attr]
+        chans = self._channels(records) if len(records) >= self.BULK else None
+        if chans is not None:
+            for r, t, c in zip(records, ts, chans, strict=True):
+                appends[c](r)
+                stamps[c](t)
+            return self._routed(span)
+        kf = self.key_fn
         i = 0
         try:
             for i, r in enumerate(records):
@@ -351,6 +406,13 @@ class KeyGroupWriter(RecordWriter):
             timestamps: list[Any] | None = None) -> bool:
         if timestamps is not None or self._timestamped:
             return self._add_timestamped(records, span, timestamps)
+        if len(records) >= self.BULK:
+            chans = self._channels(records)
+            if chans is not None:
+                appends = [b.append for b in self.buffers]
+                for r, ch in zip(records, chans, strict=True):
+                    appends[ch](r)
+                return self._routed(span)
         kf = self.key_fn
         cache = self._cache
         get = cache.get
@@ -375,3 +437,26 @@ class KeyGroupWriter(RecordWriter):
         except Exception as exc:
             raise KeyRoutingError(i, records[i] if i < len(records) else None) from exc
         return self._routed(span)
+
+
+def load_bulk_routing() -> None:
+    """Import numpy, which :class:`KeyGroupWriter` routes batches with, now:
+    a worker process forked after this inherits it instead of importing it
+    at its first batch (tens of milliseconds of CPU per worker and attempt;
+    importing eddyflow does not import numpy)."""
+    import numpy  # noqa: F401
+
+
+def _first_unhashable(keys: list[Any]) -> tuple[int, Exception]:
+    """The index of the first key that has no hash at all, and the error
+    that says so (``UnsupportedKeyError`` naming its type)."""
+    for i, k in enumerate(keys):
+        try:
+            hash(k)
+        except TypeError as exc:
+            try:
+                stable_hash(k)
+            except Exception as unsupported:
+                return i, unsupported
+            return i, exc
+    raise AssertionError("a key had no hash, then had one")

@@ -22,6 +22,7 @@ import anyio
 
 from eddyflow.connectors.sink import ListSink
 from eddyflow.errors import JobFailed
+from eddyflow.graph.logical import Partitioning
 from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.result import JobResult, merge_state
 from eddyflow.runtime.checkpointing.coordinator import CheckpointConfig
@@ -34,6 +35,7 @@ from eddyflow.runtime.checkpointing.messages import (
     TriggerCheckpoint,
 )
 from eddyflow.runtime.exchange.remote import Link
+from eddyflow.runtime.exchange.writers import load_bulk_routing
 from eddyflow.runtime.failures import exception_leaves
 from eddyflow.runtime.job import JobRunner, RuntimeConfig
 from eddyflow.runtime.recovery.reinjection import recover_sinks
@@ -254,6 +256,9 @@ class WorkerJobRunner(JobRunner):
                 raise JobFailed(f"job '{self.job_name}' cannot run with workers="
                                 f"{self.config.workers}: {refused}") from refused
         procs = WorkerProcesses(self.config.workers, job.main, spawned)
+        if fork_hazard() is None and any(x.partitioning is Partitioning.KEY_GROUP
+                                         for x in self.plan.exchanges):
+            load_bulk_routing()  # before the fork: every worker has it then
         self._loops = LoopTermination(len(self.plan.loops), procs.count, self.send)
         procs.start()
         ok = False

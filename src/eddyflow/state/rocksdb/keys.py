@@ -29,6 +29,7 @@ from typing import Any
 from eddyflow.keygroups import (
     MAX_PARALLELISM,
     UnsupportedKeyError,
+    crc_key_groups,
     key_group_for,
     key_groups_of,
 )
@@ -166,20 +167,7 @@ def str_key_groups(utf8: Sequence[bytes], max_parallelism: int) -> list[int]:
 
 def _str_key_groups(utf8: Sequence[bytes], max_parallelism: int) -> Any:
     """:func:`str_key_groups` as a numpy array."""
-    import numpy as np  # (here: importing eddyflow does not import numpy)
-
-    h = np.fromiter(map(zlib.crc32, utf8), dtype=np.uint64, count=len(utf8))
-    # MurmurHash3's fmix32 (keygroups._fmix32), in 64-bit lanes so that the
-    # products of two 32-bit numbers do not overflow before the mask.
-    h ^= h >> 16
-    h *= 0x85EBCA6B
-    h &= 0xFFFFFFFF
-    h ^= h >> 13
-    h *= 0xC2B2AE35
-    h &= 0xFFFFFFFF
-    h ^= h >> 16
-    h %= max_parallelism
-    return h
+    return crc_key_groups(map(zlib.crc32, utf8), len(utf8), max_parallelism)
 
 
 def sort_order(rows: list[bytes]) -> list[int]:
