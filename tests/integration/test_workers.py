@@ -264,23 +264,6 @@ def restores_with_one_and_three(tmp_path: Path, backend: str = "memory") -> None
         assert sorted(first.results + out) == want_out
 
 
-def test_what_cannot_cross_processes_yet_is_refused_in_one_line(tmp_path: Path) -> None:
-    in_clean_process(refuses_unaligned_checkpoints_of_a_loop, tmp_path)
-
-
-def refuses_unaligned_checkpoints_of_a_loop(tmp_path: Path) -> None:
-    # (Loops run over workers: test_workers_loops.py; async iterables:
-    # test_workers_async_source.py.)
-    env = ef.StreamEnvironment(workers=2)
-    env.enable_checkpointing(0.05, directory=tmp_path / "chk", mode="unaligned")
-    loop = env.from_collection([5, 6]).iterate()
-    step = loop.map(lambda n: n - 1)
-    loop.close_with(step.filter(lambda n: n > 0))
-    step.sink_to(ef.ListSink())
-    with pytest.raises(ef.JobFailed, match=r"unaligned checkpoints .* of a job with a loop"):
-        env.execute("unaligned loop")
-
-
 @pytest.mark.parametrize("bad", [0, -1, "many", 1.5, True])
 def test_workers_must_be_a_positive_count_or_auto(bad: Any) -> None:
     with pytest.raises(ValueError, match="workers"):

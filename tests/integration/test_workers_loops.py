@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from job_support import mode_options
 from sigkill_support import SRC, children_of, latest_checkpoint, seed, wait_for_exit
 
 import eddyflow as ef
@@ -106,13 +107,15 @@ def run(records: int, rounds: int, *, workers: int, directory: Path | None = Non
         backend: ef.StateBackend | None = None, failing: Any = None, restarts: int = 0,
         restore: str | None = None, busy: float = 0.0, feedback: str = "keyed",
         sink: ef.ListSink | None = None, feedback_memory: int | None = None,
+        mode: str = "exactly_once",
         ) -> tuple[Counter[Any], dict[Any, Any], ef.JobResult]:
     """``records`` records ``(key, id, rounds)`` go ``rounds`` times round a
     loop with a keyed count of passes in it; each that leaves adds to a
     per-key count, which the sink gets."""
     env = ef.StreamEnvironment(parallelism=2, batch_size=16, workers=workers)
     if directory is not None:
-        env.enable_checkpointing(interval=0.02, directory=str(directory), retained=1000)
+        env.enable_checkpointing(interval=0.02, directory=str(directory), retained=1000,
+                                 **mode_options(mode))
     if backend is not None:
         env.set_state_backend(backend)
     if restarts:
@@ -167,23 +170,36 @@ def test_a_loop_of_a_few_records_over_workers_ends() -> None:
     in_clean_process(few_records_end)
 
 
-def restarts_every_worker(tmp_path: Path, backend: str) -> None:
+def restarts_every_worker(tmp_path: Path, backend: str, mode: str = "exactly_once") -> None:
     from job_support import StateBackendFactory
 
     failing = ef.testing.FailingMap(after=15_000, times=2)
     out, passes, result = run(4_000, 12, workers=2, directory=tmp_path / "chk",
                               failing=failing, restarts=3, feedback="rebalance",
-                              backend=StateBackendFactory(backend).make(tmp_path))
+                              backend=StateBackendFactory(backend).make(tmp_path),
+                              busy=2e-6 if mode != "exactly_once" else 0.0, mode=mode)
     assert failing.failures == 2
     assert result.restarts == 2
     assert (out, passes) == expected(4_000, 12)
+    done = ef.list_checkpoints(tmp_path / "chk")
     # Checkpoints held records in flight round the loop (back-edge logs).
-    assert any(logged_in(c) for c in ef.list_checkpoints(tmp_path / "chk"))
+    assert any(logged_in(c) for c in done)
+    if mode != "exactly_once":
+        # ... and on the loop's channels between workers (channel state).
+        assert any(channel_state_in(c) for c in done), "no checkpoint held channel state"
 
 
+def channel_state_in(info: ef.CheckpointInfo) -> int:
+    """Records in flight on regular channels (unaligned) that ``info`` holds."""
+    from test_workers_unaligned import channel_state
+
+    return channel_state(Path(info.path).parent, info.id, 2)[1]
+
+
+@pytest.mark.parametrize("mode", ["exactly_once", "unaligned", "aligned_timeout"])
 def test_failures_in_a_loop_over_workers_restart_them_exactly_once(
-        tmp_path: Path, state_backend: Any) -> None:
-    in_clean_process(restarts_every_worker, tmp_path, state_backend.name)
+        tmp_path: Path, state_backend: Any, mode: str) -> None:
+    in_clean_process(restarts_every_worker, tmp_path, state_backend.name, mode)
 
 
 def spilling_feedback(tmp_path: Path) -> None:
@@ -275,12 +291,12 @@ class FailWithRecordsInFlight:
         return r
 
 
-def restores_with_one_and_three(tmp_path: Path) -> None:
+def restores_with_one_and_three(tmp_path: Path, mode: str = "exactly_once") -> None:
     chk = tmp_path / "chk"
     first = ef.ListSink()  # what the failed run committed
     with pytest.raises(ef.JobFailed, match="InjectedFailure"):
         run(4_000, 12, workers=2, directory=chk, sink=first, feedback="rebalance",
-            failing=FailWithRecordsInFlight(chk))
+            failing=FailWithRecordsInFlight(chk), mode=mode)
     latest = ef.list_checkpoints(chk)[-1]
     assert logged_in(latest) > 0, "the checkpoint to restore holds no records in flight"
     want_out, want_passes = expected(4_000, 12)
@@ -288,27 +304,13 @@ def restores_with_one_and_three(tmp_path: Path) -> None:
         copy = tmp_path / f"chk-{workers}"
         shutil.copytree(chk, copy)
         out, passes, _ = run(4_000, 12, workers=workers, directory=copy, restore="latest",
-                             feedback="rebalance")
+                             feedback="rebalance", mode=mode)
         assert passes == want_passes
         # The failed run committed the output up to the restored checkpoint.
         assert Counter(first.results) + out == want_out
 
 
+@pytest.mark.parametrize("mode", ["exactly_once", "unaligned"])
 def test_a_loop_checkpoint_of_two_workers_restores_with_one_and_with_three(
-        tmp_path: Path) -> None:
-    in_clean_process(restores_with_one_and_three, tmp_path)
-
-
-def refuses_unaligned_loops() -> None:
-    env = ef.StreamEnvironment(workers=2)
-    env.enable_checkpointing(0.1, "/nonexistent-unused", mode="unaligned")
-    loop = env.from_collection([5, 6]).iterate()
-    step = loop.map(lambda n: n - 1)
-    loop.close_with(step.filter(lambda n: n > 0))
-    step.sink_to(ef.ListSink())
-    with pytest.raises(ef.JobFailed, match=r"unaligned checkpoints .* of a job with a loop"):
-        env.execute("loop")
-
-
-def test_unaligned_checkpoints_of_a_loop_over_workers_are_refused_in_one_line() -> None:
-    in_clean_process(refuses_unaligned_loops)
+        tmp_path: Path, mode: str) -> None:
+    in_clean_process(restores_with_one_and_three, tmp_path, mode)

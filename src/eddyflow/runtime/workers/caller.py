@@ -41,7 +41,7 @@ from eddyflow.runtime.job import JobRunner, RuntimeConfig
 from eddyflow.runtime.recovery.reinjection import recover_sinks
 from eddyflow.runtime.recovery.restore import RestoredCheckpoint
 from eddyflow.runtime.task import Task
-from eddyflow.runtime.workers.placement import Placement, unsupported_with_workers
+from eddyflow.runtime.workers.placement import Placement
 from eddyflow.runtime.workers.process import WorkerProcesses, WorkersRefused, fork_hazard
 from eddyflow.runtime.workers.protocol import (
     Acknowledged,
@@ -239,10 +239,6 @@ class WorkerJobRunner(JobRunner):
     async def run(self) -> JobResult:
         """Fork the workers, coordinate their checkpoints, gather their results."""
         started = time.monotonic()
-        why = unsupported_with_workers(self.plan, self.checkpointing)
-        if why is not None:
-            raise JobFailed(f"job '{self.job_name}' cannot run with workers="
-                            f"{self.config.workers}: {why}") from WorkersRefused(why)
         await recover_sinks(self.sinks, self.restore)
         self.build()
         coordinator = self.coordinator

@@ -1,4 +1,4 @@
-"""Which worker process runs which task, and what a job over workers refuses.
+"""Which worker process runs which task.
 
 Subtask ``s`` of every chain runs on worker ``s % workers``. A forward
 exchange connects subtask ``i`` to subtask ``i`` of a chain of the same
@@ -15,10 +15,8 @@ import os
 from collections.abc import Mapping
 
 from eddyflow.graph.plan import ExecutionPlan
-from eddyflow.runtime.checkpointing.barriers import CheckpointMode
-from eddyflow.runtime.checkpointing.coordinator import CheckpointConfig
 
-__all__ = ["Placement", "resolve_workers", "unsupported_with_workers"]
+__all__ = ["Placement", "resolve_workers"]
 
 
 def resolve_workers(workers: int | str) -> int:
@@ -43,23 +41,3 @@ class Placement:
     def tasks_of(self, worker: int) -> list[tuple[int, int]]:
         """The tasks that run on ``worker``."""
         return [t for t, w in self.worker_of.items() if w == worker]
-
-
-def unsupported_with_workers(plan: ExecutionPlan,
-                             checkpointing: CheckpointConfig | None) -> str | None:
-    """Why this job cannot run over worker processes yet, or ``None``.
-
-    An unaligned checkpoint of a loop over workers would restore channel
-    state inside the loop into the counts of the worker that re-injects it,
-    which has no tests of its own yet. (Loops cross processes:
-    ``workers/termination.py``; unaligned checkpoints and their channel
-    state: ``exchange/remote.py``; async iterables are read in the caller:
-    ``workers/relay.py``.)"""
-    unaligned = checkpointing is not None and (
-        CheckpointMode(checkpointing.mode) is CheckpointMode.UNALIGNED
-        or checkpointing.aligned_timeout is not None)
-    if unaligned and plan.loops:
-        return ("unaligned checkpoints (mode='unaligned' or aligned_timeout) of a job with "
-                "a loop (iterate/close_with) need one process")
-    return None
-
