@@ -33,8 +33,8 @@ lint: $(STAMP)
 docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict --quiet
 
-# Two pytest processes (tests/conftest.py says why and how Spark's tests are
-# kept in one); TEST_PROCESSES=0 runs the suite in this process.
+# Two pytest processes (tests/conftest.py says why, and how Spark's tests are
+# grouped); TEST_PROCESSES=0 runs the suite in this process.
 TEST_PROCESSES ?= 2
 PYTEST := $(PY) -m pytest -q -n $(TEST_PROCESSES) --dist loadgroup
 

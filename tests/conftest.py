@@ -24,8 +24,12 @@ installed server these tests skip with one line, unless
 ``--dist loadgroup``): the suite waits more than it computes (checkpoint
 intervals, subprocesses, servers starting), so two processes share two
 cores well. Every test that uses Spark (the ``spark`` session, the
-``standalone`` cluster, the offline folder) is put in one group, so one process starts the
-JVMs and the other never does; each process has its own PostgreSQL server.
+``standalone`` cluster, the offline folder) is marked as one group, so that
+one process starts the JVMs. With pytest 9.2 the groups are not honoured
+(pytest-dev/pytest-xdist#1386: its structured node ids drop the group
+suffix), and each process may start its own Spark session and cluster:
+slower, not wrong (each is private to its process). Each process has its
+own PostgreSQL server.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ settings.register_profile("eddyflow", deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "eddyflow"))
 
 
-#: Fixtures that start JVMs: their tests all run in one xdist process.
+#: Fixtures that start JVMs: their tests form one xdist group (see above).
 SPARK_FIXTURES = frozenset({"spark", "standalone"})
 
 
