@@ -1,14 +1,19 @@
 """What the SIGKILL tests share: running a job file in a child process under
-`eddyflow run --restore latest`, and watching its checkpoint folder."""
+`eddyflow run --restore latest`, watching its checkpoint folder, and
+killing worker processes of this one (:class:`WorkerKiller`)."""
 
 from __future__ import annotations
 
 import os
+import random
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from types import TracebackType
 
 import eddyflow as ef
 
@@ -138,3 +143,50 @@ def wait_for_exit(pids: list[int], timeout: float = 10.0) -> list[int]:
     while (left := alive()) and time.monotonic() < deadline:
         time.sleep(0.02)
     return left
+
+
+class WorkerKiller:
+    """While its ``with`` block runs a job over worker processes (children
+    of this process), kills one worker (kill -9) ``times`` times, each a
+    random moment (drawn from ``rng``) after a checkpoint into ``chk`` of
+    its generation of workers; the next kill waits for the next generation.
+    The block gets the list of kills made (``"pid P after checkpoint N"``),
+    which the test checks once the job has ended."""
+
+    def __init__(self, chk: Path, rng: random.Random, times: int = 2) -> None:
+        self.chk = chk
+        self.rng = rng
+        self.times = times
+        self.kills: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._kill)
+
+    def _kill(self) -> None:
+        me, chk, rng = os.getpid(), self.chk, self.rng
+        killed: set[int] = set()
+        while len(self.kills) < self.times and not self._stop.is_set():
+            workers = [p for p in children_of(me) if p not in killed]
+            before = latest_checkpoint(chk)
+            if len(workers) < 2 or before == 0:
+                time.sleep(0.005)
+                continue
+            deadline = time.monotonic() + 5.0
+            while latest_checkpoint(chk) == before and time.monotonic() < deadline:
+                time.sleep(0.005)
+            time.sleep(rng.uniform(0.0, 0.1))
+            victim = rng.choice(workers)
+            try:
+                os.kill(victim, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            killed.update(workers)  # the next kill waits for the next generation
+            self.kills.append(f"pid {victim} after checkpoint {latest_checkpoint(chk)}")
+
+    def __enter__(self) -> list[str]:
+        self._thread.start()
+        return self.kills
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -20,7 +20,6 @@ import os
 import pickle
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sigkill_support import SRC, children_of, latest_checkpoint, seed, wait_for_exit
+from sigkill_support import SRC, WorkerKiller, children_of, latest_checkpoint, seed, wait_for_exit
 
 import eddyflow as ef
 
@@ -193,38 +192,9 @@ def killed_twice(tmp_path: Path, backend: str = "memory", start: str = "fork") -
                      if backend == "rocksdb" else None)
     rng = random.Random(seed(29))
     chk = tmp_path / "chk"
-    kills: list[str] = []
-    stop = threading.Event()
-    me = os.getpid()
-
-    def killer() -> None:
-        killed: set[int] = set()
-        while len(kills) < 2 and not stop.is_set():
-            workers = [p for p in children_of(me) if p not in killed]
-            before = latest_checkpoint(chk)
-            if len(workers) < 2 or before == 0:
-                time.sleep(0.005)
-                continue
-            deadline = time.monotonic() + 5.0
-            while latest_checkpoint(chk) == before and time.monotonic() < deadline:
-                time.sleep(0.005)
-            time.sleep(rng.uniform(0.0, 0.1))
-            victim = rng.choice(workers)
-            try:
-                os.kill(victim, signal.SIGKILL)
-            except ProcessLookupError:
-                continue
-            killed.update(workers)  # the next kill waits for the next generation
-            kills.append(f"pid {victim} after checkpoint {latest_checkpoint(chk)}")
-
-    thread = threading.Thread(target=killer)
-    thread.start()
-    try:
+    with WorkerKiller(chk, rng) as kills:
         out, state, result = run(300_000, workers=2, directory=chk, restarts=5, slow=True,
                                  backend=state_backend)
-    finally:
-        stop.set()
-        thread.join()
     assert len(kills) == 2, f"the job ended after {kills}"
     assert result.restarts == 2, kills
     assert (out, state) == expected(300_000), kills

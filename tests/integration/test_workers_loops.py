@@ -24,10 +24,8 @@ import os
 import pickle
 import random
 import shutil
-import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -36,7 +34,7 @@ from typing import Any
 
 import pytest
 from job_support import mode_options
-from sigkill_support import SRC, children_of, latest_checkpoint, seed, wait_for_exit
+from sigkill_support import SRC, WorkerKiller, children_of, seed, wait_for_exit
 
 import eddyflow as ef
 
@@ -237,38 +235,9 @@ def killed_twice(tmp_path: Path) -> None:
     and state are the failure-free ones."""
     rng = random.Random(seed(2929))
     chk = tmp_path / "chk"
-    kills: list[str] = []
-    stop = threading.Event()
-    me = os.getpid()
-
-    def killer() -> None:
-        killed: set[int] = set()
-        while len(kills) < 2 and not stop.is_set():
-            workers = [p for p in children_of(me) if p not in killed]
-            before = latest_checkpoint(chk)
-            if len(workers) < 2 or before == 0:
-                time.sleep(0.005)
-                continue
-            deadline = time.monotonic() + 5.0
-            while latest_checkpoint(chk) == before and time.monotonic() < deadline:
-                time.sleep(0.005)
-            time.sleep(rng.uniform(0.0, 0.1))
-            victim = rng.choice(workers)
-            try:
-                os.kill(victim, signal.SIGKILL)
-            except ProcessLookupError:
-                continue
-            killed.update(workers)  # the next kill waits for the next generation
-            kills.append(f"pid {victim} after checkpoint {latest_checkpoint(chk)}")
-
-    thread = threading.Thread(target=killer)
-    thread.start()
-    try:
+    with WorkerKiller(chk, rng) as kills:
         out, passes, result = run(6_000, 20, workers=2, directory=chk, restarts=5,
                                   busy=20e-6)
-    finally:
-        stop.set()
-        thread.join()
     assert len(kills) == 2, f"the job ended after {kills}"
     assert result.restarts == 2, kills
     assert (out, passes) == expected(6_000, 20), kills

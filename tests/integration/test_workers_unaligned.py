@@ -20,17 +20,15 @@ import os
 import pickle
 import random
 import shutil
-import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sigkill_support import SRC, children_of, latest_checkpoint, seed, wait_for_exit
+from sigkill_support import SRC, WorkerKiller, children_of, latest_checkpoint, seed, wait_for_exit
 
 import eddyflow as ef
 from eddyflow.checkpoint.metadata import read_checkpoint
@@ -165,38 +163,9 @@ def killed_under_back_pressure(tmp_path: Path) -> None:
     checkpoints unaligned: restarted from the latest, 0 lost, 0 duplicated."""
     rng = random.Random(seed(2929))
     chk = tmp_path / "chk"
-    kills: list[str] = []
-    stop = threading.Event()
-    me = os.getpid()
-
-    def killer() -> None:
-        killed: set[int] = set()
-        while len(kills) < 2 and not stop.is_set():
-            workers = [p for p in children_of(me) if p not in killed]
-            before = latest_checkpoint(chk)
-            if len(workers) < 2 or before == 0:
-                time.sleep(0.005)
-                continue
-            deadline = time.monotonic() + 5.0
-            while latest_checkpoint(chk) == before and time.monotonic() < deadline:
-                time.sleep(0.005)
-            time.sleep(rng.uniform(0.0, 0.1))
-            victim = rng.choice(workers)
-            try:
-                os.kill(victim, signal.SIGKILL)
-            except ProcessLookupError:
-                continue
-            killed.update(workers)  # the next kill waits for the next generation
-            kills.append(f"pid {victim} after checkpoint {latest_checkpoint(chk)}")
-
-    thread = threading.Thread(target=killer)
-    thread.start()
-    try:
+    with WorkerKiller(chk, rng) as kills:
         out, state, result = run(200_000, workers=2, directory=chk, mode="unaligned",
                                  restarts=5)
-    finally:
-        stop.set()
-        thread.join()
     assert len(kills) == 2, f"the job ended after {kills}"
     assert result.restarts == 2, kills
     assert (out, state) == expected(200_000), kills
