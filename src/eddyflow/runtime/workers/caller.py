@@ -13,7 +13,6 @@ strategy restarts them all from the latest checkpoint (Flink's full restart).
 
 from __future__ import annotations
 
-import pickle
 import time
 from collections.abc import Sequence
 from typing import Any, cast
@@ -55,6 +54,7 @@ from eddyflow.runtime.workers.protocol import (
     ToTask,
     WorkerDone,
     WorkerFailed,
+    load_exception,
 )
 from eddyflow.runtime.workers.relay import IterableRelay, relays_of
 from eddyflow.runtime.workers.spawn import pickle_job
@@ -369,13 +369,5 @@ class WorkerJobRunner(JobRunner):
 def _job_failed(msg: WorkerFailed) -> JobFailed:
     failed = JobFailed(msg.message, operator=msg.operator, subtask=msg.subtask,
                        position=msg.position)
-    cause: BaseException | None = None
-    if msg.cause is not None:
-        try:
-            loaded = pickle.loads(msg.cause)
-        except Exception:
-            loaded = None
-        if isinstance(loaded, BaseException):
-            cause = loaded
-    failed.__cause__ = cause if cause is not None else RuntimeError(msg.cause_text)
+    failed.__cause__ = load_exception(msg.cause, msg.cause_text)
     return failed

@@ -9,6 +9,7 @@ with the task's acknowledgement. All are frozen dataclasses that pickle.
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +39,31 @@ __all__ = [
     "ToTask",
     "WorkerDone",
     "WorkerFailed",
+    "dump_exception",
+    "load_exception",
 ]
+
+def dump_exception(exc: BaseException) -> tuple[bytes | None, str]:
+    """``exc`` for a message: pickled (``None`` if it does not pickle) and
+    named (``Type: message``), which is what survives either way."""
+    try:
+        pickled: bytes | None = pickle.dumps(exc, protocol=5)
+    except Exception:
+        pickled = None
+    return pickled, f"{type(exc).__name__}: {exc}"
+
+
+def load_exception(pickled: bytes | None, text: str) -> BaseException:
+    """The exception :func:`dump_exception` sent: itself if it unpickles,
+    else a ``RuntimeError`` with its name and message."""
+    loaded = None
+    if pickled is not None:
+        try:
+            loaded = pickle.loads(pickled)
+        except Exception:
+            loaded = None
+    return loaded if isinstance(loaded, BaseException) else RuntimeError(text)
+
 
 # -- caller -> worker ----------------------------------------------------------
 

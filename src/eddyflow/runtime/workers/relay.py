@@ -19,7 +19,6 @@ at-most-once, the iterator is not replayable.
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -29,7 +28,7 @@ from eddyflow.connectors.asynciter import AsyncIterableSource
 from eddyflow.connectors.source import SourceReader
 from eddyflow.graph.plan import ExecutionPlan
 from eddyflow.runtime.operators.io import SourceSpec
-from eddyflow.runtime.workers.protocol import SourceEnd, SourceRecords
+from eddyflow.runtime.workers.protocol import SourceEnd, SourceRecords, dump_exception
 
 __all__ = ["IterableRelay", "relays_of"]
 
@@ -90,11 +89,7 @@ class IterableRelay:
 
 
 def _end_with(uid: str, exc: Exception) -> SourceEnd:
-    try:
-        pickled: bytes | None = pickle.dumps(exc, protocol=5)
-    except Exception:
-        pickled = None
-    return SourceEnd(uid, pickled, f"{type(exc).__name__}: {exc}")
+    return SourceEnd(uid, *dump_exception(exc))
 
 
 def relays_of(plan: ExecutionPlan, worker_of: Mapping[tuple[int, int], int],

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import pickle
 import time
 from typing import Any
 
@@ -67,6 +66,8 @@ from eddyflow.runtime.workers.protocol import (
     ToTask,
     WorkerDone,
     WorkerFailed,
+    dump_exception,
+    load_exception,
 )
 from eddyflow.runtime.workers.termination import LoopReports
 
@@ -207,14 +208,8 @@ class WorkerRunner(JobRunner):
         if isinstance(msg, SourceRecords):
             reader.push(msg.records)
             return
-        error: BaseException | None = None
-        if msg.error_text is not None:
-            try:
-                loaded = pickle.loads(msg.error) if msg.error is not None else None
-            except Exception:
-                loaded = None
-            error = loaded if isinstance(loaded, BaseException) else RuntimeError(msg.error_text)
-        reader.finish(error)
+        reader.finish(None if msg.error_text is None
+                      else load_exception(msg.error, msg.error_text))
 
     def _runs_here(self, chain_index: int, subtask: int) -> bool:
         return self.placement.worker_of[(chain_index, subtask)] == self.worker
@@ -465,9 +460,4 @@ def _failure(runner: JobRunner, exc: BaseException) -> WorkerFailed:
         cause = exc
         message = f"job '{runner.job_name}' failed: {type(exc).__name__}: {exc}"
         operator = subtask = position = None
-    try:
-        pickled: bytes | None = pickle.dumps(cause, protocol=5)
-    except Exception:
-        pickled = None
-    return WorkerFailed(message, operator, subtask, position, pickled,
-                        f"{type(cause).__name__}: {cause}")
+    return WorkerFailed(message, operator, subtask, position, *dump_exception(cause))
