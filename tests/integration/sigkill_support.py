@@ -1,23 +1,31 @@
 """What the SIGKILL tests share: running a job file in a child process under
-`eddyflow run --restore latest`, watching its checkpoint folder, and
-killing worker processes of this one (:class:`WorkerKiller`)."""
+`eddyflow run --restore latest`, watching its checkpoint folder, killing
+worker processes of this one (:class:`WorkerKiller`), running a scenario in
+a fresh process (:func:`in_clean_process`) and asserting that a test leaves
+no child process behind (the ``no_process_left_behind`` fixture, imported
+by the worker tests)."""
 
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
+from typing import Any
+
+import pytest
 
 import eddyflow as ef
 
 SRC = Path(ef.__file__).resolve().parents[1]  # the eddyflow under test, for the child
+HERE = Path(__file__).parent  # the test support modules, for the child
 RUN_TIMEOUT = 300.0  # the last, uninterrupted run: generous on a loaded machine
 CHECKPOINT_WAIT = 60.0  # longest wait for a run's first checkpoint before killing anyway
 
@@ -190,3 +198,33 @@ class WorkerKiller:
                  tb: TracebackType | None) -> None:
         self._stop.set()
         self._thread.join()
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind() -> Iterator[None]:
+    """Fails a test that leaves a child process of this one running."""
+    before = set(children_of(os.getpid()))
+    yield
+    left = wait_for_exit([p for p in children_of(os.getpid()) if p not in before], 5.0)
+    assert not left, f"child processes left behind: {left}"
+
+
+def in_clean_process(fn: Any, *args: Any) -> None:
+    """``fn(*args)`` (a module-level function of a test module) in a new
+    Python process; its failure (traceback) fails the test, and so does a
+    child process it leaves behind. (Workers are forked: a process that
+    ran RocksDB itself spawns them instead, which the scenarios choose.)"""
+    code = ("import importlib, pickle, sys\n"
+            "module, name, args = pickle.load(sys.stdin.buffer)\n"
+            "getattr(importlib.import_module(module), name)(*args)\n"
+            "from sigkill_support import children_of, wait_for_exit\n"
+            "import os\n"
+            "left = wait_for_exit(children_of(os.getpid()))\n"
+            "assert not left, f'worker processes left behind: {left}'\n")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(HERE), *filter(None, [
+        os.environ.get("PYTHONPATH")])])
+    what = pickle.dumps((fn.__module__, fn.__name__, args))
+    proc = subprocess.run([sys.executable, "-c", code], input=what, capture_output=True,
+                          env=env, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-4000:]

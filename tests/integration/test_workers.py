@@ -17,51 +17,32 @@ first to get there, as a program that runs both kinds of job does.
 from __future__ import annotations
 
 import os
-import pickle
 import random
 import shutil
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sigkill_support import SRC, WorkerKiller, children_of, latest_checkpoint, seed, wait_for_exit
+from sigkill_support import (
+    SRC,
+    WorkerKiller,
+    children_of,
+    in_clean_process,
+    latest_checkpoint,
+    no_process_left_behind,  # noqa: F401 - the autouse fixture
+    seed,
+    wait_for_exit,
+)
 
 import eddyflow as ef
 
 KEYS = 13
-HERE = Path(__file__).parent
 
 
-@pytest.fixture(autouse=True)
-def no_process_left_behind() -> Iterator[None]:
-    before = set(children_of(os.getpid()))
-    yield
-    left = wait_for_exit([p for p in children_of(os.getpid()) if p not in before], 5.0)
-    assert not left, f"child processes left behind: {left}"
-
-
-def in_clean_process(fn: Any, *args: Any) -> None:
-    """``fn(*args)`` (a module-level function of a test module) in a new
-    Python process; its failure (traceback) fails the test."""
-    code = ("import importlib, pickle, sys\n"
-            "module, name, args = pickle.load(sys.stdin.buffer)\n"
-            "getattr(importlib.import_module(module), name)(*args)\n"
-            "from sigkill_support import children_of, wait_for_exit\n"
-            "import os\n"
-            "left = wait_for_exit(children_of(os.getpid()))\n"
-            "assert not left, f'worker processes left behind: {left}'\n")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(HERE), *filter(None, [
-        os.environ.get("PYTHONPATH")])])
-    what = pickle.dumps((fn.__module__, fn.__name__, args))
-    proc = subprocess.run([sys.executable, "-c", code], input=what, capture_output=True,
-                          env=env, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-4000:]
 
 
 def count(record: Any, state: int | None) -> tuple[Any, int]:

@@ -19,18 +19,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from test_workers import (
-    KEYS,
-    count,
+from sigkill_support import (
     in_clean_process,
-    no_process_left_behind,
-    run_rocksdb_here,
+    no_process_left_behind,  # noqa: F401 - the autouse fixture
 )
+from test_workers import KEYS, count, run_rocksdb_here
 
 import eddyflow as ef
 from eddyflow.connectors import AsyncIterableSource
-
-__all__ = ["no_process_left_behind"]  # the autouse fixture, used here too
 
 
 class Feed:

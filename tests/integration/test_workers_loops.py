@@ -20,52 +20,27 @@ Each scenario runs in a fresh process (``in_clean_process``), as in
 from __future__ import annotations
 
 import dataclasses
-import os
-import pickle
 import random
 import shutil
-import subprocess
-import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from job_support import mode_options
-from sigkill_support import SRC, WorkerKiller, children_of, seed, wait_for_exit
+from sigkill_support import (
+    WorkerKiller,
+    in_clean_process,
+    no_process_left_behind,  # noqa: F401 - the autouse fixture
+    seed,
+)
 
 import eddyflow as ef
 
 KEYS = 12
-HERE = Path(__file__).parent
 
 
-@pytest.fixture(autouse=True)
-def no_process_left_behind() -> Iterator[None]:
-    before = set(children_of(os.getpid()))
-    yield
-    left = wait_for_exit([p for p in children_of(os.getpid()) if p not in before], 5.0)
-    assert not left, f"child processes left behind: {left}"
-
-
-def in_clean_process(fn: Any, *args: Any) -> None:
-    """``fn(*args)`` in a new Python process; its failure (traceback) fails the test."""
-    code = ("import pickle, sys\n"
-            "import test_workers_loops\n"
-            "name, args = pickle.load(sys.stdin.buffer)\n"
-            "getattr(test_workers_loops, name)(*args)\n"
-            "from sigkill_support import children_of, wait_for_exit\n"
-            "import os\n"
-            "left = wait_for_exit(children_of(os.getpid()))\n"
-            "assert not left, f'worker processes left behind: {left}'\n")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(HERE), *filter(None, [
-        os.environ.get("PYTHONPATH")])])
-    proc = subprocess.run([sys.executable, "-c", code], input=pickle.dumps((fn.__name__, args)),
-                          capture_output=True, env=env, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-4000:]
 
 
 def key0(r: Any) -> Any:
